@@ -1,0 +1,96 @@
+// The byte store that images live in. The library reaches storage only
+// through this interface, so embedders can supply their own (network block
+// stores, encrypted files, test doubles).
+#ifndef QCOW2_FILE_H_
+#define QCOW2_FILE_H_
+
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace qcow2 {
+
+// A random-access file. Implementations must be safe to call from several
+// threads at once for non-overlapping ranges; the library orders
+// overlapping requests itself.
+class File {
+ public:
+  virtual ~File() = default;
+
+  // Fills `buf` with the bytes at `offset`. Bytes past the end of the file
+  // read as zero (qcow2 images may legally end inside a data cluster).
+  virtual absl::Status ReadAt(uint64_t offset, absl::Span<uint8_t> buf) = 0;
+
+  // Writes all of `data` at `offset`, growing the file if needed.
+  virtual absl::Status WriteAt(uint64_t offset,
+                               absl::Span<const uint8_t> data) = 0;
+
+  // Vectored forms. The default implementations loop over ReadAt/WriteAt.
+  virtual absl::Status ReadvAt(uint64_t offset, absl::Span<const iovec> iov);
+  virtual absl::Status WritevAt(uint64_t offset, absl::Span<const iovec> iov);
+
+  // Makes every completed write durable.
+  virtual absl::Status Flush() = 0;
+
+  // Current size in bytes.
+  virtual absl::StatusOr<uint64_t> Size() = 0;
+
+  // Sets the size; new bytes read as zero.
+  virtual absl::Status Truncate(uint64_t size) = 0;
+
+  // Reserves space for [offset, offset+len) so later writes there cannot
+  // fail for lack of space. Default: writes zeroes where the range lies past
+  // the current end of the file.
+  virtual absl::Status Allocate(uint64_t offset, uint64_t len);
+
+  // Makes [offset, offset+len) read as zero. Default: writes zero buffers.
+  virtual absl::Status WriteZeroes(uint64_t offset, uint64_t len);
+
+  // Tells the store the range is no longer needed; afterwards it reads as
+  // either its old contents or zero. Default: does nothing.
+  virtual absl::Status Discard(uint64_t offset, uint64_t len);
+
+  // A name for error messages (usually the path).
+  virtual const std::string& name() const = 0;
+
+  // Required alignment of offsets, lengths and buffers (O_DIRECT); 1 when
+  // any alignment works. Implementations that need alignment handle
+  // unaligned requests themselves, more slowly.
+  virtual uint32_t alignment() const { return 1; }
+};
+
+struct FileOptions {
+  bool read_only = true;
+  // Open with O_DIRECT (bypass the page cache). Default: false.
+  bool direct = false;
+  // Create the file if it does not exist. Default: false.
+  bool create = false;
+  // With `create`: fail if the file exists (O_EXCL). Default: false.
+  bool exclusive = false;
+};
+
+// Opens a file with pread/pwrite/fdatasync. Errors name the path.
+absl::StatusOr<std::unique_ptr<File>> OpenPosixFile(const std::string& path,
+                                                    const FileOptions& opts);
+
+// Opens the files of a backing chain. The default opener uses
+// OpenPosixFile; tests and embedders substitute their own.
+class FileOpener {
+ public:
+  virtual ~FileOpener() = default;
+  virtual absl::StatusOr<std::unique_ptr<File>> Open(
+      const std::string& path, const FileOptions& opts) = 0;
+};
+
+// The process-wide opener that calls OpenPosixFile. Never null.
+FileOpener* DefaultFileOpener();
+
+}  // namespace qcow2
+
+#endif  // QCOW2_FILE_H_

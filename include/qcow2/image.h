@@ -1,0 +1,149 @@
+// libqcow2's main entry point: an opened image together with its backing
+// chain.
+//
+//   qcow2::OpenOptions opts;
+//   auto image = qcow2::Image::Open("disk.qcow2", opts);
+//   if (!image.ok()) { ... image.status() says what and where ... }
+//   std::vector<uint8_t> buf(4096);
+//   absl::Status s = (*image)->Read(0, absl::MakeSpan(buf));
+//
+// Threading: every method may be called from several threads at once; the
+// image serialises what must be serialised internally. Close() must not
+// race with any other call.
+#ifndef QCOW2_IMAGE_H_
+#define QCOW2_IMAGE_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "qcow2/file.h"
+#include "qcow2/options.h"
+
+namespace qcow2 {
+
+namespace internal {
+class Chain;
+}
+
+// What one range of the virtual disk reads from, as `qemu-img map` reports
+// it.
+struct BlockStatus {
+  uint64_t offset = 0;  // guest offset of the range
+  uint64_t length = 0;  // bytes with this status
+  // Index in the chain of the layer that decides the contents (0 = top).
+  // For ranges allocated nowhere, the depth of the deepest layer searched.
+  int depth = 0;
+  bool present = false;     // some layer allocates it (data or zero)
+  bool zero = false;        // reads as zeros
+  bool data = false;        // reads from stored data
+  bool compressed = false;  // stored in a compressed cluster
+  // Host byte offset in the file of layer `depth` (uncompressed data only).
+  std::optional<uint64_t> host_offset;
+};
+
+// Facts about one image file of a chain, for `info`.
+struct LayerInfo {
+  std::string filename;  // path as opened
+  ImageFormat format = ImageFormat::kRaw;
+  uint64_t virtual_size = 0;
+  uint64_t file_size = 0;  // logical size of the host file
+  // qcow2 only below.
+  uint32_t version = 0;
+  uint32_t cluster_size = 0;
+  uint32_t refcount_bits = 0;
+  bool extended_l2 = false;
+  CompressionType compression_type = CompressionType::kZlib;
+  bool lazy_refcounts = false;
+  bool dirty = false;
+  bool corrupt = false;
+  uint64_t incompatible_features = 0;
+  uint64_t compatible_features = 0;
+  uint64_t autoclear_features = 0;
+  uint32_t snapshot_count = 0;
+  std::string backing_file;           // as stored in the header
+  std::string backing_format;         // from the header extension, if any
+  std::string full_backing_filename;  // resolved path of the backing file
+  std::string data_file;              // external data file name, if any
+};
+
+class Image {
+ public:
+  // Opens `path` and its backing chain.
+  // Errors: kNotFound / kPermissionDenied from the OS; kDataLoss for a
+  // malformed image (the message names the field and file);
+  // kUnimplemented for features the library does not support (naming them);
+  // kFailedPrecondition when writing is asked of an image that may not be
+  // written (corrupt bit set, read-only file).
+  static absl::StatusOr<std::unique_ptr<Image>> Open(const std::string& path,
+                                                     const OpenOptions& opts);
+
+  // As above, over an already opened top file. Backing files are found
+  // relative to the directory part of `top->name()` through `opts.opener`.
+  static absl::StatusOr<std::unique_ptr<Image>> Open(
+      std::unique_ptr<File> top, const OpenOptions& opts);
+
+  Image(const Image&) = delete;
+  Image& operator=(const Image&) = delete;
+
+  // Flushes (when writable) and closes; errors are lost: call Close() first
+  // to see them.
+  ~Image();
+
+  // Virtual disk size in bytes.
+  uint64_t size() const;
+
+  // Number of files in the chain (1 with no backing file).
+  int chain_length() const;
+
+  bool writable() const;
+
+  // Reads `buf.size()` bytes at `offset`, through the backing chain.
+  // REQUIRES: offset + buf.size() <= size(), else kOutOfRange.
+  absl::Status Read(uint64_t offset, absl::Span<uint8_t> buf);
+
+  // Writes `data` at `offset`. Data is durable after the next Flush().
+  // REQUIRES: writable(); offset + data.size() <= size().
+  absl::Status Write(uint64_t offset, absl::Span<const uint8_t> data);
+
+  // Makes the range read as zeros (never exposing backing data). With
+  // `unmap`, host clusters may be released.
+  absl::Status WriteZeroes(uint64_t offset, uint64_t len, bool unmap = false);
+
+  // Discards the range: afterwards it reads as the backing chain below (or
+  // zeros with no backing file), and fully covered clusters are freed.
+  absl::Status Discard(uint64_t offset, uint64_t len);
+
+  // Makes every write completed before the call durable, metadata included.
+  absl::Status Flush();
+
+  // Flushes, marks the image clean and closes every file of the chain.
+  // No other method may be called afterwards.
+  absl::Status Close();
+
+  // The status of the range starting at `offset`, as long as it stays
+  // uniform but at most `max_len` bytes (and never past size()).
+  absl::StatusOr<BlockStatus> GetBlockStatus(uint64_t offset,
+                                             uint64_t max_len);
+
+  // Facts about each file of the chain, top first.
+  std::vector<LayerInfo> GetChainInfo() const;
+
+ private:
+  explicit Image(std::unique_ptr<internal::Chain> chain);
+  friend class internal::Chain;
+  std::unique_ptr<internal::Chain> chain_;
+};
+
+// Creates a new image file at `path` (fails with kAlreadyExists if it
+// exists). qcow2 images are created with qemu-img's defaults and layout.
+absl::Status CreateImage(const std::string& path, const CreateOptions& opts);
+
+}  // namespace qcow2
+
+#endif  // QCOW2_IMAGE_H_

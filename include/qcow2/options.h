@@ -1,0 +1,110 @@
+// Options for opening and creating images. Every field has a default, so
+// `OpenOptions{}` opens an image read-only with sensible caches.
+#ifndef QCOW2_OPTIONS_H_
+#define QCOW2_OPTIONS_H_
+
+#include <cstdint>
+#include <string>
+
+namespace qcow2 {
+
+class FileOpener;
+
+enum class ImageFormat {
+  kQcow2,
+  kRaw,
+};
+
+enum class CompressionType : uint8_t {
+  kZlib = 0,  // raw deflate, no zlib header
+  kZstd = 1,
+};
+
+struct OpenOptions {
+  // Open the top image for writing. Backing files are always read-only.
+  // Default: false.
+  bool read_write = false;
+
+  // Bypass the host page cache (O_DIRECT) for every file in the chain.
+  // Default: false.
+  bool direct_io = false;
+
+  // Format of the top image; empty probes it (qcow2 magic, else raw).
+  // Default: probe.
+  std::string format;
+
+  // Bytes of L2 table cache per qcow2 image. The default maps a 256 GiB
+  // image with 64 KiB clusters (standard L2 entries) entirely.
+  // Default: 32 MiB.
+  uint64_t l2_cache_bytes = 32ull << 20;
+
+  // Size of one L2 cache slice, in bytes (a power of two, at least 512;
+  // clamped to the cluster size). Default: 4 KiB.
+  uint32_t l2_slice_bytes = 4096;
+
+  // Bytes of refcount block cache per qcow2 image. Default: 1 MiB.
+  uint64_t refcount_cache_bytes = 1ull << 20;
+
+  // Deepest backing chain accepted (the top image is depth 0). Default: 64.
+  int max_chain_depth = 64;
+
+  // Open backing files at all. When false, unallocated ranges read as zero.
+  // Default: true.
+  bool open_backing = true;
+
+  // When not empty, every backing file must resolve to a path inside this
+  // directory. Default: empty (no restriction).
+  std::string backing_root;
+
+  // Opens the files. nullptr means DefaultFileOpener(). Not owned; must
+  // outlive the image.
+  FileOpener* opener = nullptr;
+};
+
+enum class Preallocation {
+  kOff,
+  kMetadata,
+  kFalloc,
+  kFull,
+};
+
+struct CreateOptions {
+  ImageFormat format = ImageFormat::kQcow2;
+
+  // Virtual size in bytes. 0 means the backing file's size.
+  uint64_t size = 0;
+
+  // "0.10" (version 2) or "1.1" (version 3). Default: "1.1".
+  std::string compat = "1.1";
+
+  // Power of two from 512 B to 2 MiB. Default: 64 KiB.
+  uint32_t cluster_size = 64 * 1024;
+
+  // Extended L2 entries with 32 subclusters per cluster (needs compat 1.1
+  // and cluster_size >= 16 KiB; QEMU >= 5.2 opens such images).
+  // Default: false.
+  bool extended_l2 = false;
+
+  CompressionType compression_type = CompressionType::kZlib;
+
+  // Power of two from 1 to 64. Default: 16.
+  uint32_t refcount_bits = 16;
+
+  bool lazy_refcounts = false;
+
+  Preallocation preallocation = Preallocation::kOff;
+
+  // Backing file name as stored in the header (relative names are resolved
+  // against the new image's directory). Empty: no backing file.
+  std::string backing_file;
+
+  // "qcow2", "raw" or empty (not recorded; probed when opened).
+  std::string backing_format;
+
+  // Opens the files. nullptr means DefaultFileOpener(). Not owned.
+  FileOpener* opener = nullptr;
+};
+
+}  // namespace qcow2
+
+#endif  // QCOW2_OPTIONS_H_

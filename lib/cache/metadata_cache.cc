@@ -1,0 +1,147 @@
+#include "lib/cache/metadata_cache.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "lib/util/status_macros.h"
+
+namespace qcow2::internal {
+
+MetadataCache::MetadataCache(File* file, uint32_t entry_size, size_t capacity,
+                             std::string what)
+    : file_(file),
+      entry_size_(entry_size),
+      capacity_(capacity < 4 ? 4 : capacity),
+      what_(std::move(what)) {}
+
+MetadataCache::Handle MetadataCache::Insert(uint64_t offset) {
+  auto e = std::make_shared<Entry>();
+  e->offset = offset;
+  e->data.resize(entry_size_);
+  lru_.push_front(offset);
+  map_[offset] = Slot{e, lru_.begin()};
+  return e;
+}
+
+absl::StatusOr<MetadataCache::Handle> MetadataCache::Get(uint64_t offset) {
+  auto it = map_.find(offset);
+  if (it != map_.end()) {
+    lru_.splice(lru_.begin(), lru_, it->second.lru);
+    return it->second.entry;
+  }
+  RETURN_IF_ERROR(MakeRoom());
+  Handle e = Insert(offset);
+  absl::Status s = file_->ReadAt(offset, absl::MakeSpan(e->data));
+  if (!s.ok()) {
+    lru_.erase(map_[offset].lru);
+    map_.erase(offset);
+    return absl::Status(s.code(), absl::StrCat("reading ", what_, " at ",
+                                               offset, ": ", s.message()));
+  }
+  return e;
+}
+
+absl::StatusOr<MetadataCache::Handle> MetadataCache::GetNew(uint64_t offset) {
+  auto it = map_.find(offset);
+  if (it != map_.end()) {
+    lru_.splice(lru_.begin(), lru_, it->second.lru);
+    std::fill(it->second.entry->data.begin(), it->second.entry->data.end(), 0);
+    it->second.entry->dirty = true;
+    return it->second.entry;
+  }
+  RETURN_IF_ERROR(MakeRoom());
+  Handle e = Insert(offset);
+  e->dirty = true;
+  return e;
+}
+
+absl::Status MetadataCache::MakeRoom() {
+  if (map_.size() < capacity_) return absl::OkStatus();
+  // Walk from the least recently used end; skip pinned entries.
+  for (auto it = lru_.end(); it != lru_.begin();) {
+    --it;
+    Slot& slot = map_[*it];
+    if (slot.entry.use_count() > 1) continue;
+    if (slot.entry->dirty) RETURN_IF_ERROR(WriteEntry(*slot.entry));
+    map_.erase(*it);
+    lru_.erase(it);
+    return absl::OkStatus();
+  }
+  return absl::OkStatus();  // everything pinned: grow past capacity for now
+}
+
+absl::Status MetadataCache::FlushDependencies() {
+  if (depends_on_ != nullptr) {
+    MetadataCache* dep = depends_on_;
+    depends_on_ = nullptr;
+    RETURN_IF_ERROR(dep->Flush());
+    depends_on_flush_ = true;
+  }
+  if (depends_on_flush_) {
+    RETURN_IF_ERROR(file_->Flush());
+    depends_on_flush_ = false;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MetadataCache::WriteEntry(Entry& e) {
+  RETURN_IF_ERROR(FlushDependencies());
+  if (write_hook_) write_hook_(e.offset, entry_size_);
+  absl::Status s = file_->WriteAt(e.offset, absl::MakeConstSpan(e.data));
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("writing ", what_, " at ",
+                                               e.offset, ": ", s.message()));
+  }
+  e.dirty = false;
+  return absl::OkStatus();
+}
+
+absl::Status MetadataCache::Flush() {
+  // Write in offset order: the file sees sequential-ish writes.
+  std::vector<Entry*> dirty;
+  for (auto& [offset, slot] : map_) {
+    if (slot.entry->dirty) dirty.push_back(slot.entry.get());
+  }
+  if (dirty.empty()) return absl::OkStatus();
+  std::sort(dirty.begin(), dirty.end(),
+            [](const Entry* a, const Entry* b) { return a->offset < b->offset; });
+  for (Entry* e : dirty) RETURN_IF_ERROR(WriteEntry(*e));
+  return absl::OkStatus();
+}
+
+absl::Status MetadataCache::SetDependency(MetadataCache* other) {
+  if (other == this || depends_on_ == other) return absl::OkStatus();
+  // Keep the dependency graph a single edge: a cache that itself waits on
+  // another is written out now, so no cycle can form.
+  if (other->depends_on_ != nullptr) RETURN_IF_ERROR(other->Flush());
+  if (depends_on_ != nullptr) RETURN_IF_ERROR(Flush());
+  depends_on_ = other;
+  return absl::OkStatus();
+}
+
+void MetadataCache::Invalidate(uint64_t offset, uint64_t len) {
+  for (auto it = lru_.begin(); it != lru_.end();) {
+    if (*it >= offset && *it < offset + len) {
+      map_.erase(*it);
+      it = lru_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void MetadataCache::Clear() {
+  map_.clear();
+  lru_.clear();
+  depends_on_ = nullptr;
+  depends_on_flush_ = false;
+}
+
+bool MetadataCache::HasDirty() const {
+  for (const auto& [offset, slot] : map_) {
+    if (slot.entry->dirty) return true;
+  }
+  return false;
+}
+
+}  // namespace qcow2::internal

@@ -1,0 +1,250 @@
+#include "lib/chain/chain.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "lib/format/header.h"
+#include "lib/image/qcow2_layer.h"
+#include "lib/util/endian.h"
+#include "lib/util/status_macros.h"
+
+namespace qcow2::internal {
+
+namespace {
+
+// Protocol prefixes QEMU would interpret instead of opening a file. A
+// backing name from an untrusted image must never reach the network or a
+// JSON-described block graph.
+constexpr const char* kProtocols[] = {
+    "json", "nbd",    "nbd+unix", "http", "https", "ftp",   "ftps",
+    "ssh",  "iscsi",  "rbd",      "gluster", "nfs", "sheepdog", "vxhs",
+    "host_device", "host_cdrom", "null-co", "null-aio", "blkdebug",
+    "blkverify", "quorum", "throttle", "vvfat", "fd"};
+
+std::string DirName(const std::string& path) {
+  auto slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+// A key identifying a file for loop detection.
+std::string FileKey(const std::string& path) {
+  std::error_code ec;
+  auto canon = std::filesystem::weakly_canonical(path, ec);
+  return ec ? path : canon.string();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ResolveBackingName(const std::string& image_name,
+                                               const std::string& backing) {
+  if (backing.empty()) {
+    return absl::InvalidArgumentError("empty backing file name");
+  }
+  if (backing.find('\0') != std::string::npos) {
+    return absl::DataLossError(absl::StrCat(
+        image_name, ": backing file name contains a NUL byte"));
+  }
+  auto colon = backing.find(':');
+  auto slash = backing.find('/');
+  if (colon != std::string::npos && (slash == std::string::npos || colon < slash)) {
+    std::string prefix = backing.substr(0, colon);
+    for (const char* p : kProtocols) {
+      if (absl::EqualsIgnoreCase(prefix, p)) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            image_name, ": backing file '", backing, "' uses the protocol '",
+            prefix, ":'; only plain paths are allowed"));
+      }
+    }
+  }
+  if (backing[0] == '/') return backing;
+  return absl::StrCat(DirName(image_name), "/", backing);
+}
+
+absl::StatusOr<std::unique_ptr<Layer>> OpenLayer(std::unique_ptr<File> file,
+                                                 const std::string& format,
+                                                 const OpenOptions& opts) {
+  std::string fmt = format;
+  uint8_t magic[4] = {0, 0, 0, 0};
+  RETURN_IF_ERROR(file->ReadAt(0, absl::MakeSpan(magic, 4)));
+  bool is_qcow2 = LoadBE32(magic) == kQcowMagic;
+  if (fmt.empty()) fmt = is_qcow2 ? "qcow2" : "raw";
+  if (fmt == "qcow2") {
+    ASSIGN_OR_RETURN(auto layer, Qcow2Layer::Open(std::move(file), opts));
+    return std::unique_ptr<Layer>(std::move(layer));
+  }
+  if (fmt == "raw") {
+    ASSIGN_OR_RETURN(auto layer, RawLayer::Open(std::move(file)));
+    return std::unique_ptr<Layer>(std::move(layer));
+  }
+  return absl::UnimplementedError(absl::StrCat(
+      file->name(), ": image format '", fmt,
+      "' is not supported (qcow2 and raw are)"));
+}
+
+Chain::~Chain() = default;
+
+absl::StatusOr<std::unique_ptr<Chain>> Chain::Open(std::unique_ptr<File> top,
+                                                   const OpenOptions& opts) {
+  auto chain = std::unique_ptr<Chain>(new Chain);
+  FileOpener* opener = opts.opener ? opts.opener : DefaultFileOpener();
+  std::set<std::string> seen{FileKey(top->name())};
+  std::string root;
+  if (!opts.backing_root.empty()) root = FileKey(opts.backing_root);
+
+  ASSIGN_OR_RETURN(auto layer, OpenLayer(std::move(top), opts.format, opts));
+  chain->writable_ = opts.read_write;
+  chain->layers_.push_back(std::move(layer));
+
+  OpenOptions backing_opts = opts;
+  backing_opts.read_write = false;
+  while (opts.open_backing) {
+    Layer* cur = chain->layers_.back().get();
+    std::string name = cur->backing_file();
+    if (name.empty()) break;
+    if (chain->length() > opts.max_chain_depth) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          chain->layers_[0]->filename(), ": backing chain is deeper than ",
+          opts.max_chain_depth, " images"));
+    }
+    ASSIGN_OR_RETURN(std::string path,
+                     ResolveBackingName(cur->filename(), name));
+    std::string key = FileKey(path);
+    if (!root.empty() && !absl::StartsWith(key, root + "/")) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          cur->filename(), ": backing file '", name, "' resolves to ", key,
+          ", outside the allowed directory ", root));
+    }
+    if (!seen.insert(key).second) {
+      return absl::DataLossError(absl::StrCat(
+          cur->filename(), ": backing chain loops back to ", path));
+    }
+    FileOptions fo;
+    fo.read_only = true;
+    fo.direct = opts.direct_io;
+    auto file = opener->Open(path, fo);
+    if (!file.ok()) {
+      return absl::Status(
+          file.status().code(),
+          absl::StrCat(cur->filename(), ": cannot open backing file '", name,
+                       "': ", file.status().message()));
+    }
+    auto below = OpenLayer(std::move(file).value(), cur->backing_format(),
+                           backing_opts);
+    if (!below.ok()) return below.status();
+    chain->resolved_backing_.push_back(path);
+    chain->layers_.push_back(std::move(below).value());
+  }
+  chain->resolved_backing_.resize(chain->layers_.size());
+  return chain;
+}
+
+absl::Status Chain::CheckRange(uint64_t offset, uint64_t len) const {
+  if (closed_) return absl::FailedPreconditionError("image is closed");
+  uint64_t end;
+  if (__builtin_add_overflow(offset, len, &end) || end > layers_[0]->size()) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "request at ", offset, " (", len, " bytes) runs past the end of ",
+        layers_[0]->filename(), " (", layers_[0]->size(), " bytes)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Chain::ReadFrom(int depth, uint64_t offset,
+                             absl::Span<uint8_t> buf) {
+  uint64_t pos = 0;
+  while (pos < buf.size()) {
+    uint64_t cur = offset + pos;
+    if (depth >= length() || cur >= layers_[depth]->size()) {
+      std::fill(buf.begin() + pos, buf.end(), 0);
+      return absl::OkStatus();
+    }
+    Layer* layer = layers_[depth].get();
+    ASSIGN_OR_RETURN(Extent e, layer->Map(cur, buf.size() - pos));
+    auto part = buf.subspan(pos, e.length);
+    if (e.kind == Extent::kUnallocated) {
+      RETURN_IF_ERROR(ReadFrom(depth + 1, cur, part));
+    } else {
+      RETURN_IF_ERROR(layer->ReadExtent(e, cur, cur, part));
+    }
+    pos += e.length;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Chain::Read(uint64_t offset, absl::Span<uint8_t> buf) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(CheckRange(offset, buf.size()));
+  return ReadFrom(0, offset, buf);
+}
+
+absl::StatusOr<BlockStatus> Chain::GetBlockStatus(uint64_t offset,
+                                                  uint64_t max_len) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) return absl::FailedPreconditionError("image is closed");
+  if (offset >= size()) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "offset ", offset, " is past the end of the image (", size(), ")"));
+  }
+  BlockStatus bs;
+  bs.offset = offset;
+  uint64_t len = std::min(max_len, size() - offset);
+  for (int d = 0;; ++d) {
+    Layer* layer = layers_[d].get();
+    bs.depth = d;
+    if (offset >= layer->size()) {
+      // Past the end of a shorter backing file: zeros, allocated nowhere.
+      bs.length = len;
+      bs.zero = true;
+      return bs;
+    }
+    ASSIGN_OR_RETURN(Extent e, layer->Map(offset, len));
+    len = e.length;
+    switch (e.kind) {
+      case Extent::kUnallocated:
+        if (d + 1 < length()) continue;
+        bs.length = len;
+        bs.zero = true;
+        return bs;
+      case Extent::kZero:
+        bs.length = len;
+        bs.present = true;
+        bs.zero = true;
+        if (e.has_host_cluster) bs.host_offset = e.host_offset;
+        return bs;
+      case Extent::kData:
+        bs.length = len;
+        bs.present = true;
+        bs.data = true;
+        bs.host_offset = e.host_offset;
+        return bs;
+      case Extent::kCompressed:
+        bs.length = len;
+        bs.present = true;
+        bs.data = true;
+        bs.compressed = true;
+        return bs;
+    }
+  }
+}
+
+std::vector<LayerInfo> Chain::GetChainInfo() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<LayerInfo> out;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    LayerInfo info = layers_[i]->Info();
+    info.full_backing_filename = resolved_backing_[i];
+    if (info.full_backing_filename.empty() && !info.backing_file.empty()) {
+      auto r = ResolveBackingName(info.filename, info.backing_file);
+      if (r.ok()) info.full_backing_filename = *r;
+    }
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+}  // namespace qcow2::internal

@@ -1,0 +1,69 @@
+// A backing chain: the top image and the files under it, opened with the
+// safety rules for untrusted backing names. Implements the public Image.
+#ifndef QCOW2_LIB_CHAIN_CHAIN_H_
+#define QCOW2_LIB_CHAIN_CHAIN_H_
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "lib/chain/layer.h"
+#include "qcow2/image.h"
+
+namespace qcow2::internal {
+
+class Qcow2Layer;
+
+// Resolves a backing file name stored in an image against the directory of
+// the image that names it. Refuses protocol prefixes (json:, nbd:, ...).
+absl::StatusOr<std::string> ResolveBackingName(const std::string& image_name,
+                                               const std::string& backing);
+
+// Opens one file as a layer of the given format ("qcow2", "raw", or ""
+// to probe).
+absl::StatusOr<std::unique_ptr<Layer>> OpenLayer(std::unique_ptr<File> file,
+                                                 const std::string& format,
+                                                 const OpenOptions& opts);
+
+class Chain {
+ public:
+  static absl::StatusOr<std::unique_ptr<Chain>> Open(std::unique_ptr<File> top,
+                                                     const OpenOptions& opts);
+  ~Chain();
+
+  uint64_t size() const { return layers_[0]->size(); }
+  int length() const { return static_cast<int>(layers_.size()); }
+  Layer* layer(int depth) { return layers_[depth].get(); }
+  bool writable() const { return writable_; }
+
+  // Reads through the chain starting at `depth`. Bytes past the end of a
+  // layer read as zero. Caller holds mu_.
+  absl::Status ReadFrom(int depth, uint64_t offset, absl::Span<uint8_t> buf);
+
+  // Public Image operations (take mu_).
+  absl::Status Read(uint64_t offset, absl::Span<uint8_t> buf);
+  absl::Status Write(uint64_t offset, absl::Span<const uint8_t> data);
+  absl::Status WriteZeroes(uint64_t offset, uint64_t len, bool unmap);
+  absl::Status Discard(uint64_t offset, uint64_t len);
+  absl::Status Flush();
+  absl::Status Close();
+  absl::StatusOr<BlockStatus> GetBlockStatus(uint64_t offset, uint64_t max_len);
+  std::vector<LayerInfo> GetChainInfo() const;
+
+ private:
+  Chain() = default;
+  absl::Status CheckRange(uint64_t offset, uint64_t len) const;
+  absl::Status CheckWritable() const;
+  Qcow2Layer* top_qcow2();
+
+  mutable std::mutex mu_;
+  std::vector<std::unique_ptr<Layer>> layers_;  // [0] is the top
+  std::vector<std::string> resolved_backing_;   // per layer, "" if none
+  bool writable_ = false;
+  bool closed_ = false;
+};
+
+}  // namespace qcow2::internal
+
+#endif  // QCOW2_LIB_CHAIN_CHAIN_H_

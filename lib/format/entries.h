@@ -1,0 +1,86 @@
+// Codecs for L1, L2 (standard and extended) and refcount table entries.
+#ifndef QCOW2_LIB_FORMAT_ENTRIES_H_
+#define QCOW2_LIB_FORMAT_ENTRIES_H_
+
+#include <cstdint>
+
+namespace qcow2::internal {
+
+inline constexpr uint64_t kOflagCopied = 1ull << 63;
+inline constexpr uint64_t kOflagCompressed = 1ull << 62;
+inline constexpr uint64_t kOflagZero = 1ull << 0;
+
+// Bits 9..55: a cluster-aligned host offset in L1 and standard L2 entries.
+inline constexpr uint64_t kEntryOffsetMask = 0x00fffffffffffe00ull;
+inline constexpr uint64_t kL1ReservedMask = 0x7f000000000001ffull;
+inline constexpr uint64_t kL2StandardReservedMask = 0x3f000000000001feull;
+// Refcount table entries: bits 9..63.
+inline constexpr uint64_t kRefTableOffsetMask = 0xfffffffffffffe00ull;
+
+inline constexpr int kSubclustersPerCluster = 32;
+
+// How one subcluster (or, without extended L2, one cluster) reads.
+enum class SubclusterType {
+  kUnallocated,       // from the backing chain (or zeros)
+  kUnallocatedAlloc,  // host cluster reserved, contents from the backing
+  kZeroPlain,         // zeros, no host cluster
+  kZeroAlloc,         // zeros, host cluster preallocated
+  kNormal,            // data at the host offset
+  kCompressed,        // whole cluster, compressed
+  kInvalid,           // inconsistent entry (corruption)
+};
+
+// Classifies subcluster `sc` of an L2 entry. For standard entries pass
+// bitmap = 0 and extended = false (the cluster is one "subcluster").
+inline SubclusterType ClassifySubcluster(uint64_t entry, uint64_t bitmap,
+                                         bool extended, int sc) {
+  if (entry & kOflagCompressed) return SubclusterType::kCompressed;
+  const uint64_t offset = entry & kEntryOffsetMask;
+  if (!extended) {
+    if (entry & kOflagZero) {
+      return offset ? SubclusterType::kZeroAlloc : SubclusterType::kZeroPlain;
+    }
+    return offset ? SubclusterType::kNormal : SubclusterType::kUnallocated;
+  }
+  const uint32_t alloc = static_cast<uint32_t>(bitmap);
+  const uint32_t zero = static_cast<uint32_t>(bitmap >> 32);
+  if ((alloc & zero) != 0 || (entry & kOflagZero)) {
+    return SubclusterType::kInvalid;
+  }
+  const bool a = (alloc >> sc) & 1, z = (zero >> sc) & 1;
+  if (offset) {
+    if (a) return SubclusterType::kNormal;
+    return z ? SubclusterType::kZeroAlloc : SubclusterType::kUnallocatedAlloc;
+  }
+  if (alloc != 0) return SubclusterType::kInvalid;
+  return z ? SubclusterType::kZeroPlain : SubclusterType::kUnallocated;
+}
+
+// A compressed cluster descriptor decoded for a given cluster size.
+struct CompressedExtent {
+  uint64_t host_offset;  // first byte of compressed data (not aligned)
+  uint64_t length;       // bytes to read (end of the last sector)
+};
+
+inline CompressedExtent DecodeCompressed(uint64_t entry,
+                                         uint32_t cluster_bits) {
+  const uint32_t shift = 62 - (cluster_bits - 8);
+  const uint64_t offset = entry & ((1ull << shift) - 1);
+  const uint64_t sectors =
+      ((entry >> shift) & ((1ull << (cluster_bits - 8)) - 1)) + 1;
+  return CompressedExtent{offset, sectors * 512 - (offset & 511)};
+}
+
+// Builds a compressed descriptor. REQUIRES: the data fits the field widths
+// (offset below 2^(62 - (cluster_bits - 8)), length <= 2 * cluster size).
+inline uint64_t EncodeCompressed(uint64_t host_offset, uint64_t length,
+                                 uint32_t cluster_bits) {
+  const uint32_t shift = 62 - (cluster_bits - 8);
+  const uint64_t last = (host_offset + length - 1) / 512;
+  const uint64_t extra_sectors = last - host_offset / 512;
+  return kOflagCompressed | (extra_sectors << shift) | host_offset;
+}
+
+}  // namespace qcow2::internal
+
+#endif  // QCOW2_LIB_FORMAT_ENTRIES_H_

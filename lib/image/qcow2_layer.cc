@@ -1,0 +1,267 @@
+#include "lib/image/qcow2_layer.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "lib/compress/compress.h"
+#include "lib/format/entries.h"
+#include "lib/util/endian.h"
+#include "lib/util/math.h"
+#include "lib/util/status_macros.h"
+
+namespace qcow2::internal {
+
+namespace {
+
+// The first read: enough for any header field; the rest of cluster 0 is
+// read once cluster_bits is known.
+constexpr size_t kProbeBytes = 4096;
+
+absl::StatusOr<std::vector<uint8_t>> ReadCluster0(File* file) {
+  std::vector<uint8_t> buf(kProbeBytes);
+  RETURN_IF_ERROR(file->ReadAt(0, absl::MakeSpan(buf)));
+  uint32_t cluster_bits = LoadBE32(&buf[20]);
+  if (cluster_bits >= kMinClusterBits && cluster_bits <= kMaxClusterBits &&
+      (1u << cluster_bits) > kProbeBytes) {
+    buf.resize(1u << cluster_bits);
+    RETURN_IF_ERROR(file->ReadAt(0, absl::MakeSpan(buf)));
+  } else if (cluster_bits >= kMinClusterBits &&
+             cluster_bits <= kMaxClusterBits) {
+    buf.resize(1u << cluster_bits);
+  }
+  return buf;
+}
+
+}  // namespace
+
+Qcow2Layer::Qcow2Layer(std::unique_ptr<File> file, Header header,
+                       uint64_t file_size)
+    : file_(std::move(file)), header_(std::move(header)),
+      file_size_(file_size) {}
+
+Qcow2Layer::~Qcow2Layer() = default;
+
+absl::StatusOr<std::unique_ptr<Qcow2Layer>> Qcow2Layer::Open(
+    std::unique_ptr<File> file, const OpenOptions& opts) {
+  const std::string name = file->name();
+  ASSIGN_OR_RETURN(uint64_t file_size, file->Size());
+  ASSIGN_OR_RETURN(std::vector<uint8_t> c0, ReadCluster0(file.get()));
+  ASSIGN_OR_RETURN(Header h, DecodeHeader(c0, name));
+  RETURN_IF_ERROR(CheckFeatures(h, name));
+  RETURN_IF_ERROR(ValidateHeaderTables(h, file_size, name));
+
+  if (opts.read_write && (h.incompatible_features & kIncompatCorrupt)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        name, ": image is marked corrupt; it can be opened read-only, or "
+              "repaired with 'qcowtool check -r all'"));
+  }
+
+  // L1 table.
+  std::vector<uint64_t> l1(h.l1_size);
+  if (h.l1_size > 0) {
+    std::vector<uint8_t> raw(uint64_t{h.l1_size} * 8);
+    absl::Status s = file->ReadAt(h.l1_table_offset, absl::MakeSpan(raw));
+    if (!s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat(name, ": reading the L1 table: ",
+                                       s.message()));
+    }
+    for (uint32_t i = 0; i < h.l1_size; ++i) l1[i] = LoadBE64(&raw[i * 8]);
+  }
+
+  auto layer = std::unique_ptr<Qcow2Layer>(
+      new Qcow2Layer(std::move(file), std::move(h), file_size));
+  const Header& hh = layer->header_;
+  Geometry g = Geometry::From(hh, opts.l2_slice_bytes);
+  layer->map_ = std::make_unique<ClusterMap>(
+      layer->file_.get(), name, g, std::move(l1), hh.l1_table_offset,
+      opts.l2_cache_bytes);
+  // L2 tables must start inside the file.
+  layer->map_->set_file_limit(std::max<uint64_t>(
+      AlignUp(file_size, g.cluster_size), g.cluster_size));
+  return layer;
+}
+
+absl::StatusOr<Extent> Qcow2Layer::Map(uint64_t offset, uint64_t max_len) {
+  const Geometry& g = map_->geometry();
+  max_len = std::min(max_len, header_.size - offset);
+  uint64_t cluster = offset >> g.cluster_bits;
+  ASSIGN_OR_RETURN(L2Ref ref, map_->Lookup(cluster));
+  if (ref.slice == nullptr) {
+    // No L2 table: unallocated up to the end of the table's coverage.
+    uint64_t table_span = g.l2_entries << g.cluster_bits;
+    uint64_t end = AlignDown(offset, table_span) + table_span;
+    Extent e;
+    e.kind = Extent::kUnallocated;
+    e.length = std::min(max_len, end - offset);
+    return e;
+  }
+  ASSIGN_OR_RETURN(Extent first, MapInCluster(ref, offset, max_len));
+  // Extend across following clusters of the same slice while the run
+  // continues with the same kind (and contiguous host offsets for data).
+  uint64_t left = g.slice_entries - ref.index;
+  uint64_t pos = offset + first.length;
+  while (first.kind != Extent::kCompressed && first.length < max_len &&
+         --left > 0 && IsAligned(pos, g.cluster_size)) {
+    ref.index++;
+    ASSIGN_OR_RETURN(Extent next, MapInCluster(ref, pos, max_len - first.length));
+    if (next.kind != first.kind) break;
+    if (first.kind == Extent::kData &&
+        next.host_offset != first.host_offset + first.length) {
+      break;
+    }
+    if (first.kind == Extent::kZero &&
+        (next.has_host_cluster != first.has_host_cluster ||
+         (first.has_host_cluster &&
+          next.host_offset != first.host_offset + first.length))) {
+      break;
+    }
+    first.length += next.length;
+    pos += next.length;
+  }
+  return first;
+}
+
+absl::StatusOr<Extent> Qcow2Layer::MapInCluster(const L2Ref& ref,
+                                                uint64_t offset,
+                                                uint64_t max_len) {
+  const Geometry& g = map_->geometry();
+  const uint64_t entry = ref.entry();
+  const uint64_t bitmap = ref.bitmap();
+  const uint64_t in_cluster = offset & (g.cluster_size - 1);
+  const uint64_t host = entry & kEntryOffsetMask;
+  auto corrupt = [&](const std::string& why) {
+    return map_->Corrupt(absl::StrFormat(
+        "L2 entry 0x%016x%s for guest offset 0x%x %s", entry,
+        g.extended_l2 ? absl::StrFormat(" (bitmap 0x%016x)", bitmap) : "",
+        offset, why));
+  };
+
+  Extent e;
+  if (entry & kOflagCompressed) {
+    CompressedExtent c = DecodeCompressed(entry, g.cluster_bits);
+    uint64_t end;
+    if (AddOverflows(c.host_offset, c.length, &end) || end > kMaxHostOffset ||
+        c.host_offset < g.cluster_size) {
+      return corrupt("points outside the image");
+    }
+    e.kind = Extent::kCompressed;
+    e.entry = entry;
+    e.length = std::min(max_len, g.cluster_size - in_cluster);
+    return e;
+  }
+  if (!g.extended_l2 && (entry & kL2StandardReservedMask)) {
+    return corrupt("has reserved bits set");
+  }
+  if (g.extended_l2 && (entry & (kL2StandardReservedMask | kOflagZero))) {
+    return corrupt("has reserved bits set");
+  }
+  if (host != 0 && (host & (g.cluster_size - 1)) != 0) {
+    return corrupt("points at an unaligned host offset");
+  }
+  if (host == 0 && (entry & kOflagCopied)) {
+    return corrupt("has the COPIED flag but no host offset");
+  }
+  if (host != 0 && host < g.cluster_size) {
+    return corrupt("points into the header cluster");
+  }
+
+  int sc = static_cast<int>(in_cluster / g.subcluster_size);
+  SubclusterType type = ClassifySubcluster(entry, bitmap, g.extended_l2, sc);
+  if (type == SubclusterType::kInvalid) {
+    return corrupt("has an invalid subcluster bitmap");
+  }
+  // Extend over following subclusters of the same type.
+  int last = sc;
+  while (last + 1 < g.subclusters &&
+         ClassifySubcluster(entry, bitmap, true, last + 1) == type) {
+    ++last;
+  }
+  uint64_t run_end = (uint64_t{static_cast<uint64_t>(last) + 1}) *
+                     g.subcluster_size;
+  e.length = std::min(max_len, run_end - in_cluster);
+  switch (type) {
+    case SubclusterType::kNormal:
+      e.kind = Extent::kData;
+      e.host_offset = host + in_cluster;
+      break;
+    case SubclusterType::kZeroAlloc:
+      e.kind = Extent::kZero;
+      e.has_host_cluster = true;
+      e.host_offset = host + in_cluster;
+      break;
+    case SubclusterType::kZeroPlain:
+      e.kind = Extent::kZero;
+      break;
+    case SubclusterType::kUnallocated:
+    case SubclusterType::kUnallocatedAlloc:
+      e.kind = Extent::kUnallocated;
+      break;
+    default:
+      return corrupt("is inconsistent");
+  }
+  return e;
+}
+
+absl::Status Qcow2Layer::ReadCompressed(uint64_t entry, uint8_t* out) {
+  const Geometry& g = map_->geometry();
+  CompressedExtent c = DecodeCompressed(entry, g.cluster_bits);
+  std::vector<uint8_t> in(c.length);
+  RETURN_IF_ERROR(file_->ReadAt(c.host_offset, absl::MakeSpan(in)));
+  absl::Status s = DecompressCluster(
+      static_cast<CompressionType>(header_.compression_type), in,
+      absl::MakeSpan(out, g.cluster_size));
+  if (!s.ok()) {
+    return absl::DataLossError(absl::StrFormat(
+        "%s: compressed cluster at host offset 0x%x: %s", file_->name(),
+        c.host_offset, s.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Qcow2Layer::ReadExtent(const Extent& e, uint64_t extent_start,
+                                    uint64_t offset, absl::Span<uint8_t> buf) {
+  if (e.kind != Extent::kCompressed) {
+    return Layer::ReadExtent(e, extent_start, offset, buf);
+  }
+  const Geometry& g = map_->geometry();
+  if (decompressed_.size() != g.cluster_size || decompressed_entry_ != e.entry) {
+    decompressed_.resize(g.cluster_size);
+    decompressed_entry_ = 0;
+    RETURN_IF_ERROR(ReadCompressed(e.entry, decompressed_.data()));
+    decompressed_entry_ = e.entry;
+  }
+  std::memcpy(buf.data(), decompressed_.data() + (offset & (g.cluster_size - 1)),
+              buf.size());
+  return absl::OkStatus();
+}
+
+LayerInfo Qcow2Layer::Info() const {
+  LayerInfo info;
+  info.filename = file_->name();
+  info.format = ImageFormat::kQcow2;
+  info.virtual_size = header_.size;
+  info.file_size = file_size_;
+  info.version = header_.version;
+  info.cluster_size = static_cast<uint32_t>(header_.cluster_size());
+  info.refcount_bits = header_.refcount_bits();
+  info.extended_l2 = header_.extended_l2();
+  info.compression_type =
+      static_cast<CompressionType>(header_.compression_type);
+  info.lazy_refcounts =
+      (header_.compatible_features & kCompatLazyRefcounts) != 0;
+  info.dirty = (header_.incompatible_features & kIncompatDirty) != 0;
+  info.corrupt = (header_.incompatible_features & kIncompatCorrupt) != 0;
+  info.incompatible_features = header_.incompatible_features;
+  info.compatible_features = header_.compatible_features;
+  info.autoclear_features = header_.autoclear_features;
+  info.snapshot_count = header_.nb_snapshots;
+  info.backing_file = header_.backing_file;
+  info.backing_format = header_.backing_format.value_or("");
+  info.data_file = header_.data_file.value_or("");
+  return info;
+}
+
+}  // namespace qcow2::internal

@@ -1,0 +1,250 @@
+// File over a POSIX file descriptor: pread/pwrite, fdatasync, fallocate.
+// With O_DIRECT, unaligned requests go through an aligned bounce buffer.
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "lib/io/posix_file.h"
+#include "lib/util/math.h"
+#include "lib/util/status_macros.h"
+
+namespace qcow2 {
+namespace internal {
+
+absl::Status ErrnoError(int err, const std::string& what,
+                        const std::string& name) {
+  absl::Status s = absl::ErrnoToStatus(err, absl::StrCat(what, " ", name));
+  if (err == ENOSPC || err == EDQUOT) {
+    return absl::ResourceExhaustedError(s.message());
+  }
+  return s;
+}
+
+PosixFile::PosixFile(int fd, std::string name, uint32_t alignment)
+    : fd_(fd), name_(std::move(name)), alignment_(alignment) {}
+
+PosixFile::~PosixFile() { ::close(fd_); }
+
+absl::Status PosixFile::RawRead(uint64_t offset, uint8_t* buf, size_t len) {
+  while (len > 0) {
+    ssize_t n = ::pread(fd_, buf, len, static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return ErrnoError(errno, absl::StrCat("read at ", offset, " of"),
+                        name_);
+    }
+    if (n == 0) {  // past the end of the file: zeros
+      std::memset(buf, 0, len);
+      return absl::OkStatus();
+    }
+    buf += n;
+    offset += n;
+    len -= n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PosixFile::RawWrite(uint64_t offset, const uint8_t* buf,
+                                 size_t len) {
+  while (len > 0) {
+    ssize_t n = ::pwrite(fd_, buf, len, static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return ErrnoError(errno, absl::StrCat("write at ", offset, " of"),
+                        name_);
+    }
+    buf += n;
+    offset += n;
+    len -= n;
+  }
+  return absl::OkStatus();
+}
+
+bool PosixFile::Aligned(uint64_t offset, const void* buf, size_t len) const {
+  return IsAligned(offset, alignment_) && IsAligned(len, alignment_) &&
+         IsAligned(reinterpret_cast<uintptr_t>(buf), alignment_);
+}
+
+absl::Status PosixFile::ReadAt(uint64_t offset, absl::Span<uint8_t> buf) {
+  if (Aligned(offset, buf.data(), buf.size())) {
+    return RawRead(offset, buf.data(), buf.size());
+  }
+  uint64_t start = AlignDown(offset, alignment_);
+  uint64_t end = AlignUp(offset + buf.size(), alignment_);
+  AlignedBuffer bounce(end - start, alignment_);
+  RETURN_IF_ERROR(RawRead(start, bounce.data(), end - start));
+  std::memcpy(buf.data(), bounce.data() + (offset - start), buf.size());
+  return absl::OkStatus();
+}
+
+absl::Status PosixFile::WriteAt(uint64_t offset,
+                                absl::Span<const uint8_t> data) {
+  if (Aligned(offset, data.data(), data.size())) {
+    return RawWrite(offset, data.data(), data.size());
+  }
+  // Read-modify-write of the aligned blocks around the request.
+  uint64_t start = AlignDown(offset, alignment_);
+  uint64_t end = AlignUp(offset + data.size(), alignment_);
+  AlignedBuffer bounce(end - start, alignment_);
+  if (start != offset) {
+    RETURN_IF_ERROR(RawRead(start, bounce.data(), alignment_));
+  }
+  if (end != offset + data.size() && end - alignment_ >= start + alignment_) {
+    RETURN_IF_ERROR(
+        RawRead(end - alignment_, bounce.data() + (end - alignment_ - start),
+                alignment_));
+  }
+  std::memcpy(bounce.data() + (offset - start), data.data(), data.size());
+  return RawWrite(start, bounce.data(), end - start);
+}
+
+absl::Status PosixFile::Flush() {
+  while (::fdatasync(fd_) != 0) {
+    if (errno == EINTR) continue;
+    return ErrnoError(errno, "fdatasync of", name_);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> PosixFile::Size() {
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) return ErrnoError(errno, "fstat of", name_);
+  if (S_ISBLK(st.st_mode)) {
+    uint64_t bytes = 0;
+    if (::ioctl(fd_, BLKGETSIZE64, &bytes) != 0) {
+      return ErrnoError(errno, "BLKGETSIZE64 of", name_);
+    }
+    return bytes;
+  }
+  return static_cast<uint64_t>(st.st_size);
+}
+
+absl::Status PosixFile::Truncate(uint64_t size) {
+  if (::ftruncate(fd_, static_cast<off_t>(size)) != 0) {
+    return ErrnoError(errno, absl::StrCat("truncate to ", size, " of"), name_);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PosixFile::Allocate(uint64_t offset, uint64_t len) {
+  if (::fallocate(fd_, 0, static_cast<off_t>(offset),
+                  static_cast<off_t>(len)) == 0) {
+    return absl::OkStatus();
+  }
+  if (errno != EOPNOTSUPP) {
+    return ErrnoError(errno, "fallocate of", name_);
+  }
+  return File::Allocate(offset, len);
+}
+
+absl::Status PosixFile::WriteZeroes(uint64_t offset, uint64_t len) {
+  if (::fallocate(fd_, FALLOC_FL_ZERO_RANGE, static_cast<off_t>(offset),
+                  static_cast<off_t>(len)) == 0) {
+    return absl::OkStatus();
+  }
+  if (errno == ENOSPC || errno == EIO) {
+    return ErrnoError(errno, "zeroing range of", name_);
+  }
+  if (::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                  static_cast<off_t>(offset), static_cast<off_t>(len)) == 0) {
+    // Punching keeps the size: extend explicitly if the range was past EOF.
+    ASSIGN_OR_RETURN(uint64_t size, Size());
+    if (offset + len > size) return Truncate(offset + len);
+    return absl::OkStatus();
+  }
+  if (alignment_ > 1) {
+    AlignedBuffer zeros(std::min<uint64_t>(len, 1 << 20), alignment_);
+    std::memset(zeros.data(), 0, zeros.size());
+    while (len > 0) {
+      size_t n = std::min<uint64_t>(len, zeros.size());
+      RETURN_IF_ERROR(WriteAt(offset, absl::MakeConstSpan(zeros.data(), n)));
+      offset += n;
+      len -= n;
+    }
+    return absl::OkStatus();
+  }
+  return File::WriteZeroes(offset, len);
+}
+
+absl::Status PosixFile::Discard(uint64_t offset, uint64_t len) {
+  if (::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                  static_cast<off_t>(offset), static_cast<off_t>(len)) != 0 &&
+      errno != EOPNOTSUPP) {
+    return ErrnoError(errno, "discard in", name_);
+  }
+  return absl::OkStatus();
+}
+
+AlignedBuffer::AlignedBuffer(size_t size, size_t alignment) : size_(size) {
+  if (alignment < 64) alignment = 64;
+  size_t alloc = AlignUp(size == 0 ? 1 : size, alignment);
+  data_ = static_cast<uint8_t*>(std::aligned_alloc(alignment, alloc));
+  if (data_ == nullptr) std::abort();
+}
+
+AlignedBuffer::~AlignedBuffer() { std::free(data_); }
+
+absl::StatusOr<uint32_t> ProbeDirectAlignment(int fd) {
+  // The logical block size of the device under the file; 4096 covers every
+  // common device when it cannot be learned.
+  struct stat st;
+  if (::fstat(fd, &st) == 0 && S_ISBLK(st.st_mode)) {
+    int bs = 0;
+    if (::ioctl(fd, BLKSSZGET, &bs) == 0 && bs > 0) return bs;
+  }
+  return 4096;
+}
+
+}  // namespace internal
+
+absl::StatusOr<std::unique_ptr<File>> OpenPosixFile(const std::string& path,
+                                                    const FileOptions& opts) {
+  int flags = O_CLOEXEC | (opts.read_only ? O_RDONLY : O_RDWR);
+  if (opts.create) flags |= O_CREAT;
+  if (opts.create && opts.exclusive) flags |= O_EXCL;
+  if (opts.direct) flags |= O_DIRECT;
+  int fd;
+  do {
+    fd = ::open(path.c_str(), flags, 0644);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) {
+    int err = errno;
+    if (err == EINVAL && opts.direct) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot open ", path,
+                       " with O_DIRECT: the file system does not support it"));
+    }
+    return internal::ErrnoError(err, "cannot open", path);
+  }
+  uint32_t alignment = 1;
+  if (opts.direct) {
+    ASSIGN_OR_RETURN(alignment, internal::ProbeDirectAlignment(fd));
+  }
+  return std::unique_ptr<File>(new internal::PosixFile(fd, path, alignment));
+}
+
+namespace {
+class PosixOpener : public FileOpener {
+ public:
+  absl::StatusOr<std::unique_ptr<File>> Open(
+      const std::string& path, const FileOptions& opts) override {
+    return OpenPosixFile(path, opts);
+  }
+};
+}  // namespace
+
+FileOpener* DefaultFileOpener() {
+  static PosixOpener* opener = new PosixOpener;
+  return opener;
+}
+
+}  // namespace qcow2

@@ -1,0 +1,67 @@
+// Internal: the POSIX File and helpers shared with the io_uring backend.
+#ifndef QCOW2_LIB_IO_POSIX_FILE_H_
+#define QCOW2_LIB_IO_POSIX_FILE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "qcow2/file.h"
+
+namespace qcow2::internal {
+
+// Converts an errno into a Status naming the operation and file; ENOSPC and
+// EDQUOT become kResourceExhausted.
+absl::Status ErrnoError(int err, const std::string& what,
+                        const std::string& name);
+
+// A heap buffer aligned for O_DIRECT. Move-only.
+class AlignedBuffer {
+ public:
+  AlignedBuffer(size_t size, size_t alignment);
+  ~AlignedBuffer();
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  uint8_t* data() { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  uint8_t* data_;
+  size_t size_;
+};
+
+// The alignment O_DIRECT needs for `fd`.
+absl::StatusOr<uint32_t> ProbeDirectAlignment(int fd);
+
+class PosixFile : public File {
+ public:
+  // Takes ownership of `fd`.
+  PosixFile(int fd, std::string name, uint32_t alignment);
+  ~PosixFile() override;
+
+  absl::Status ReadAt(uint64_t offset, absl::Span<uint8_t> buf) override;
+  absl::Status WriteAt(uint64_t offset,
+                       absl::Span<const uint8_t> data) override;
+  absl::Status Flush() override;
+  absl::StatusOr<uint64_t> Size() override;
+  absl::Status Truncate(uint64_t size) override;
+  absl::Status Allocate(uint64_t offset, uint64_t len) override;
+  absl::Status WriteZeroes(uint64_t offset, uint64_t len) override;
+  absl::Status Discard(uint64_t offset, uint64_t len) override;
+  const std::string& name() const override { return name_; }
+  uint32_t alignment() const override { return alignment_; }
+  int fd() const { return fd_; }
+
+ private:
+  absl::Status RawRead(uint64_t offset, uint8_t* buf, size_t len);
+  absl::Status RawWrite(uint64_t offset, const uint8_t* buf, size_t len);
+  bool Aligned(uint64_t offset, const void* buf, size_t len) const;
+
+  const int fd_;
+  const std::string name_;
+  const uint32_t alignment_;
+};
+
+}  // namespace qcow2::internal
+
+#endif  // QCOW2_LIB_IO_POSIX_FILE_H_

@@ -1,0 +1,90 @@
+// Helpers shared by the tests: temporary directories, running qemu-img and
+// friends, status assertions.
+#ifndef QCOW2_TESTS_UTIL_TEST_UTIL_H_
+#define QCOW2_TESTS_UTIL_TEST_UTIL_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "gtest/gtest.h"
+
+#define ASSERT_OK(expr)                                      \
+  do {                                                       \
+    const ::absl::Status qcow2_test_s_ = (expr);             \
+    ASSERT_TRUE(qcow2_test_s_.ok()) << qcow2_test_s_;        \
+  } while (0)
+#define EXPECT_OK(expr)                                      \
+  do {                                                       \
+    const ::absl::Status qcow2_test_s_ = (expr);             \
+    EXPECT_TRUE(qcow2_test_s_.ok()) << qcow2_test_s_;        \
+  } while (0)
+// Unwraps a StatusOr into `lhs`, failing the test on error.
+#define ASSERT_OK_AND_ASSIGN(lhs, rexpr)                                   \
+  ASSERT_OK_AND_ASSIGN_IMPL_(QCOW2_TEST_CONCAT_(sor_, __LINE__), lhs, rexpr)
+#define QCOW2_TEST_CONCAT_INNER_(a, b) a##b
+#define QCOW2_TEST_CONCAT_(a, b) QCOW2_TEST_CONCAT_INNER_(a, b)
+#define ASSERT_OK_AND_ASSIGN_IMPL_(tmp, lhs, rexpr) \
+  auto tmp = (rexpr);                               \
+  ASSERT_TRUE(tmp.ok()) << tmp.status();            \
+  lhs = std::move(tmp).value()
+
+namespace qcow2::testing {
+
+// A fresh directory under $TMPDIR (or /tmp), removed with its contents when
+// the object dies.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string File(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+// Runs `argv` (no shell) and captures its output.
+CommandResult Run(const std::vector<std::string>& argv);
+
+// Runs through /bin/sh -c (for pipelines in tests that need them).
+CommandResult RunShell(const std::string& command);
+
+// True when qemu-img and qemu-io are on PATH.
+bool HaveQemu();
+
+// Skips the current test when qemu-img is missing.
+#define SKIP_WITHOUT_QEMU()                                       \
+  do {                                                            \
+    if (!::qcow2::testing::HaveQemu()) GTEST_SKIP() << "no qemu-img"; \
+  } while (0)
+
+// Reads a whole host file.
+absl::StatusOr<std::vector<uint8_t>> ReadFileBytes(const std::string& path);
+absl::Status WriteFileBytes(const std::string& path,
+                            const std::vector<uint8_t>& bytes);
+
+// Converts `image` to raw with `qemu-img convert -O raw` and returns the
+// bytes (the oracle for every read test).
+absl::StatusOr<std::vector<uint8_t>> QemuReadAll(const std::string& image);
+
+// Runs `qemu-img check --output=json` and returns its exit code (0 clean,
+// 2 corruptions, 3 leaks) with the output.
+CommandResult QemuCheck(const std::string& image);
+
+// Path of the qcowtool binary under test.
+std::string QcowtoolPath();
+
+}  // namespace qcow2::testing
+
+#endif  // QCOW2_TESTS_UTIL_TEST_UTIL_H_
