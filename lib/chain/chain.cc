@@ -140,6 +140,7 @@ absl::StatusOr<std::unique_ptr<Chain>> Chain::Open(std::unique_ptr<File> top,
     chain->layers_.push_back(std::move(below).value());
   }
   chain->resolved_backing_.resize(chain->layers_.size());
+  chain->ConnectBacking();
   return chain;
 }
 

@@ -56,6 +56,8 @@ class Chain {
   absl::Status CheckRange(uint64_t offset, uint64_t len) const;
   absl::Status CheckWritable() const;
   Qcow2Layer* top_qcow2();
+  // Lets the top layer read the layers below for copy-on-write.
+  void ConnectBacking();
 
   mutable std::mutex mu_;
   std::vector<std::unique_ptr<Layer>> layers_;  // [0] is the top

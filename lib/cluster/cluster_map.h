@@ -71,6 +71,9 @@ class ClusterMap {
 
   // Bounds for validating offsets read from tables.
   void set_file_limit(uint64_t bytes) { file_limit_ = bytes; }
+  void RaiseFileLimit(uint64_t bytes) {
+    if (bytes > file_limit_) file_limit_ = bytes;
+  }
 
   absl::Status Corrupt(const std::string& what) const;
 

@@ -238,10 +238,10 @@ absl::StatusOr<Header> DecodeHeader(absl::Span<const uint8_t> c0,
                                         " bytes, limit 1023)"));
     }
     if (h.backing_file_offset < h.header_length) {
-      return Bad(filename, absl::StrCat("backing_file_offset ",
-                                        h.backing_file_offset,
-                                        " lies inside the header (header_length ",
-                                        h.header_length, ")"));
+      return Bad(filename,
+                 absl::StrCat("backing_file_offset ", h.backing_file_offset,
+                              " lies inside the header (header_length ",
+                              h.header_length, ")"));
     }
     uint64_t end;
     if (AddOverflows(h.backing_file_offset, h.backing_file_size, &end) ||
@@ -431,7 +431,7 @@ absl::StatusOr<std::vector<uint8_t>> EncodeHeader(const Header& h) {
       p[kOffCompressionType] = h.compression_type;
       size_t n = std::min<size_t>(h.tail.size(),
                                   h.header_length - kOffCompressionType - 1);
-      std::memcpy(p + kOffCompressionType + 1, h.tail.data(), n);
+      if (n > 0) std::memcpy(p + kOffCompressionType + 1, h.tail.data(), n);
     }
     pos = h.header_length;
   }
@@ -442,7 +442,7 @@ absl::StatusOr<std::vector<uint8_t>> EncodeHeader(const Header& h) {
     if (pos + need + 8 > cs) return false;  // keep room for the end marker
     StoreBE32(p + pos, magic);
     StoreBE32(p + pos + 4, static_cast<uint32_t>(len));
-    std::memcpy(p + pos + 8, data, len);
+    if (len > 0) std::memcpy(p + pos + 8, data, len);
     pos += need;
     return true;
   };
@@ -481,8 +481,11 @@ absl::StatusOr<std::vector<uint8_t>> EncodeHeader(const Header& h) {
       std::memcpy(e + 2, h.feature_names[i].name.data(),
                   std::min<size_t>(46, h.feature_names[i].name.size()));
     }
-    if (!put_ext(kExtFeatureNames, table.data(), table.size())) {
-      return too_big();
+    // The table is optional: like QEMU, leave it out when it would not
+    // leave room for the backing file name (small clusters).
+    uint64_t need = 8 + AlignUp(table.size(), 8);
+    if (pos + need + 8 + h.backing_file.size() <= cs) {
+      put_ext(kExtFeatureNames, table.data(), table.size());
     }
   }
   // Bitmaps first, then the unknown extensions in file order.

@@ -81,7 +81,51 @@ absl::StatusOr<std::unique_ptr<Qcow2Layer>> Qcow2Layer::Open(
   // L2 tables must start inside the file.
   layer->map_->set_file_limit(std::max<uint64_t>(
       AlignUp(file_size, g.cluster_size), g.cluster_size));
+  if (opts.read_write) RETURN_IF_ERROR(layer->OpenForWriting(opts));
   return layer;
+}
+
+absl::Status Qcow2Layer::OpenForWriting(const OpenOptions& opts) {
+  const Header& h = header_;
+  ASSIGN_OR_RETURN(std::vector<uint64_t> table,
+                   Refcounts::LoadTable(file_.get(), h.refcount_table_offset,
+                                        h.refcount_table_clusters,
+                                        h.cluster_bits, file_->name()));
+  Refcounts::Params p;
+  p.file = file_.get();
+  p.filename = file_->name();
+  p.cluster_bits = h.cluster_bits;
+  p.refcount_order = h.refcount_order;
+  p.table_offset = h.refcount_table_offset;
+  p.table_clusters = h.refcount_table_clusters;
+  p.table = std::move(table);
+  p.cache_bytes = opts.refcount_cache_bytes;
+  refcounts_ = std::make_unique<Refcounts>(std::move(p));
+  refcounts_->NoteEnd(DivRoundUp(file_size_, h.cluster_size()));
+  refcounts_->set_header_writer([this](uint64_t offset, uint32_t clusters) {
+    header_.refcount_table_offset = offset;
+    header_.refcount_table_clusters = clusters;
+    return WriteHeaderFields();
+  });
+  refcounts_->set_free_hook([this](uint64_t offset) {
+    const uint64_t cs = header_.cluster_size();
+    map_->l2_cache().Invalidate(offset, cs);
+    refcounts_->cache().Invalidate(offset, cs);
+    file_->Discard(offset, cs).IgnoreError();  // advisory
+  });
+  lazy_refcounts_ = (h.compatible_features & kCompatLazyRefcounts) != 0;
+  writable_ = true;
+  if (h.incompatible_features & kIncompatDirty) {
+    // Refcounts may be stale after a crash with lazy refcounts: rebuild.
+    RETURN_IF_ERROR(RebuildRefcountsAfterCrash());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Qcow2Layer::RebuildRefcountsAfterCrash() {
+  return absl::FailedPreconditionError(absl::StrCat(
+      file_->name(), ": image is dirty (lazy refcounts after a crash); "
+                     "repair it with 'qcowtool check -r all' first"));
 }
 
 absl::StatusOr<Extent> Qcow2Layer::Map(uint64_t offset, uint64_t max_len) {

@@ -1,0 +1,345 @@
+// The qcow2 write path: cluster allocation, copy-on-write, L2 table
+// allocation, and the ordering rules of docs/crash-consistency.md.
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "lib/format/entries.h"
+#include "lib/image/qcow2_layer.h"
+#include "lib/util/endian.h"
+#include "lib/util/math.h"
+#include "lib/util/status_macros.h"
+
+namespace qcow2::internal {
+
+namespace {
+
+// Bits `first`..`last` (inclusive) of a 32-bit subcluster mask.
+uint32_t SubclusterMask(int first, int last) {
+  uint64_t m = ((1ull << (last + 1)) - 1) & ~((1ull << first) - 1);
+  return static_cast<uint32_t>(m);
+}
+
+}  // namespace
+
+absl::Status Qcow2Layer::Fail(absl::Status s) {
+  if (s.code() == absl::StatusCode::kDataLoss && writable_ &&
+      (header_.incompatible_features & kIncompatCorrupt) == 0) {
+    // Inconsistent metadata: stop writing, and say so in the image so that
+    // nothing writes it again before a repair.
+    header_.incompatible_features |= kIncompatCorrupt;
+    WriteHeaderFields().IgnoreError();
+    writable_ = false;
+  }
+  return s;
+}
+
+absl::Status Qcow2Layer::WriteHeaderFields() {
+  ASSIGN_OR_RETURN(std::vector<uint8_t> enc, EncodeHeader(header_));
+  size_t n = header_.version >= 3 ? header_.header_length : kV2HeaderLength;
+  RETURN_IF_ERROR(file_->WriteAt(0, absl::MakeConstSpan(enc.data(), n)));
+  return file_->Flush();
+}
+
+absl::Status Qcow2Layer::PrepareWrite() {
+  if (closed_) return absl::FailedPreconditionError("image is closed");
+  if (!writable_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(file_->name(), " is not open for writing",
+                     (header_.incompatible_features & kIncompatCorrupt)
+                         ? " (marked corrupt)"
+                         : ""));
+  }
+  if (prepared_) return absl::OkStatus();
+  bool changed = false;
+  // We maintain no autoclear feature (bitmaps, raw data file): clear the
+  // bits so readers know those structures may be stale after our writes.
+  if (header_.autoclear_features != 0) {
+    header_.autoclear_features = 0;
+    changed = true;
+  }
+  if (lazy_refcounts_ && (header_.incompatible_features & kIncompatDirty) == 0) {
+    header_.incompatible_features |= kIncompatDirty;
+    changed = true;
+  }
+  if (changed) RETURN_IF_ERROR(WriteHeaderFields());
+  prepared_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status Qcow2Layer::CheckDataTarget(uint64_t host, uint64_t len) const {
+  auto overlaps = [&](uint64_t start, uint64_t n) {
+    return n > 0 && host < start + n && start < host + len;
+  };
+  const uint64_t cs = header_.cluster_size();
+  const char* what = nullptr;
+  if (overlaps(0, cs)) {
+    what = "the header";
+  } else if (overlaps(map_->l1_offset(), uint64_t{map_->l1().size()} * 8)) {
+    what = "the L1 table";
+  } else if (overlaps(refcounts_->table_offset(),
+                      uint64_t{refcounts_->table_clusters()} * cs)) {
+    what = "the refcount table";
+  }
+  if (what == nullptr) return absl::OkStatus();
+  return absl::DataLossError(absl::StrFormat(
+      "%s: corrupt image: refusing to write guest data at host offset 0x%x "
+      "over %s",
+      file_->name(), host, what));
+}
+
+absl::Status Qcow2Layer::OrderL2AfterAllocation() {
+  MetadataCache& l2 = map_->l2_cache();
+  if (!lazy_refcounts_) RETURN_IF_ERROR(l2.SetDependency(&refcounts_->cache()));
+  l2.SetDependsOnFlush();
+  return absl::OkStatus();
+}
+
+absl::Status Qcow2Layer::ReleaseHost(uint64_t entry) {
+  RETURN_IF_ERROR(refcounts_->cache().SetDependency(&map_->l2_cache()));
+  if (entry & kOflagCompressed) {
+    CompressedExtent c = DecodeCompressed(entry, header_.cluster_bits);
+    return refcounts_->Update(c.host_offset, c.length, -1);
+  }
+  uint64_t host = entry & kEntryOffsetMask;
+  if (host == 0) return absl::OkStatus();
+  return refcounts_->Update(host, header_.cluster_size(), -1);
+}
+
+absl::Status Qcow2Layer::WriteL1Entry(uint64_t index) {
+  uint8_t buf[8];
+  StoreBE64(buf, map_->l1()[index]);
+  return file_->WriteAt(map_->l1_offset() + index * 8,
+                        absl::MakeConstSpan(buf, 8));
+}
+
+absl::StatusOr<L2Ref> Qcow2Layer::L2ForWrite(uint64_t cluster) {
+  const Geometry& g = map_->geometry();
+  const uint64_t idx = cluster / g.l2_entries;
+  if (idx >= map_->l1().size()) {
+    return absl::OutOfRangeError(absl::StrCat(
+        file_->name(), ": guest cluster ", cluster, " is beyond the L1 table"));
+  }
+  ASSIGN_OR_RETURN(uint64_t old_table, map_->L2TableFor(cluster));
+  const uint64_t l1e = map_->l1()[idx];
+  if (old_table != 0 && (l1e & kOflagCopied)) return map_->Lookup(cluster);
+
+  // A new table: fresh, or a private copy of a shared one.
+  MetadataCache& cache = map_->l2_cache();
+  ASSIGN_OR_RETURN(uint64_t table, refcounts_->Allocate(1));
+  RETURN_IF_ERROR(CheckDataTarget(table, g.cluster_size));
+  map_->RaiseFileLimit(table + g.cluster_size);
+  const uint64_t slices = g.cluster_size / g.slice_bytes;
+  for (uint64_t s = 0; s < slices; ++s) {
+    ASSIGN_OR_RETURN(MetadataCache::Handle slice,
+                     cache.GetNew(table + s * g.slice_bytes));
+    if (old_table != 0) {
+      ASSIGN_OR_RETURN(MetadataCache::Handle old,
+                       cache.Get(old_table + s * g.slice_bytes));
+      slice->data = old->data;
+      slice->dirty = true;
+    }
+  }
+  // The table and its refcount are durable before the L1 entry names it.
+  RETURN_IF_ERROR(cache.SetDependency(&refcounts_->cache()));
+  RETURN_IF_ERROR(cache.Flush());
+  RETURN_IF_ERROR(file_->Flush());
+  map_->SetL1(idx, table | kOflagCopied);
+  RETURN_IF_ERROR(WriteL1Entry(idx));
+  if (old_table != 0) {
+    RETURN_IF_ERROR(file_->Flush());
+    RETURN_IF_ERROR(refcounts_->Update(old_table, g.cluster_size, -1));
+  }
+  return map_->Lookup(cluster);
+}
+
+absl::Status Qcow2Layer::ReadOld(uint64_t entry, uint64_t bitmap,
+                                 uint64_t offset, absl::Span<uint8_t> buf) {
+  const Geometry& g = map_->geometry();
+  if (buf.empty()) return absl::OkStatus();
+  if (entry & kOflagCompressed) {
+    std::vector<uint8_t> cluster(g.cluster_size);
+    RETURN_IF_ERROR(ReadCompressed(entry, cluster.data()));
+    std::memcpy(buf.data(), cluster.data() + (offset & (g.cluster_size - 1)),
+                buf.size());
+    return absl::OkStatus();
+  }
+  const uint64_t host = entry & kEntryOffsetMask;
+  uint64_t pos = 0;
+  while (pos < buf.size()) {
+    const uint64_t in_cluster = (offset + pos) & (g.cluster_size - 1);
+    const int sc = static_cast<int>(in_cluster / g.subcluster_size);
+    const uint64_t n = std::min<uint64_t>(
+        buf.size() - pos, (sc + 1) * g.subcluster_size - in_cluster);
+    auto part = buf.subspan(pos, n);
+    switch (ClassifySubcluster(entry, bitmap, g.extended_l2, sc)) {
+      case SubclusterType::kNormal:
+        RETURN_IF_ERROR(file_->ReadAt(host + in_cluster, part));
+        break;
+      case SubclusterType::kZeroPlain:
+      case SubclusterType::kZeroAlloc:
+        std::fill(part.begin(), part.end(), 0);
+        break;
+      case SubclusterType::kUnallocated:
+      case SubclusterType::kUnallocatedAlloc:
+        if (backing_) {
+          RETURN_IF_ERROR(backing_(offset + pos, part));
+        } else {
+          std::fill(part.begin(), part.end(), 0);
+        }
+        break;
+      default:
+        return map_->Corrupt(absl::StrFormat(
+            "L2 entry 0x%016x for guest offset 0x%x is invalid", entry,
+            offset + pos));
+    }
+    pos += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Qcow2Layer::WriteSubclusters(L2Ref& ref, uint64_t cluster,
+                                          uint64_t in_cluster,
+                                          absl::Span<const uint8_t> data) {
+  const Geometry& g = map_->geometry();
+  const uint64_t entry = ref.entry();
+  const uint64_t bitmap = ref.bitmap();
+  const uint64_t host = entry & kEntryOffsetMask;
+  const uint64_t guest = cluster << g.cluster_bits;
+  const uint32_t alloc = static_cast<uint32_t>(bitmap);
+  const uint32_t zero = static_cast<uint32_t>(bitmap >> 32);
+  const int sc0 = static_cast<int>(in_cluster / g.subcluster_size);
+  const int sc1 =
+      static_cast<int>((in_cluster + data.size() - 1) / g.subcluster_size);
+
+  // Pad to subcluster boundaries where the subcluster is not yet ours.
+  uint64_t start = in_cluster, end = in_cluster + data.size();
+  if (!((alloc >> sc0) & 1)) start = sc0 * g.subcluster_size;
+  if (!((alloc >> sc1) & 1)) end = (sc1 + 1) * g.subcluster_size;
+  RETURN_IF_ERROR(CheckDataTarget(host + start, end - start));
+  if (start == in_cluster && end == in_cluster + data.size()) {
+    RETURN_IF_ERROR(file_->WriteAt(host + start, data));
+  } else {
+    std::vector<uint8_t> buf(end - start);
+    const uint64_t head = in_cluster - start;
+    RETURN_IF_ERROR(ReadOld(entry, bitmap, guest + start,
+                            absl::MakeSpan(buf.data(), head)));
+    std::memcpy(buf.data() + head, data.data(), data.size());
+    const uint64_t tail_at = head + data.size();
+    RETURN_IF_ERROR(ReadOld(entry, bitmap, guest + in_cluster + data.size(),
+                            absl::MakeSpan(buf.data() + tail_at,
+                                           buf.size() - tail_at)));
+    RETURN_IF_ERROR(file_->WriteAt(host + start, buf));
+  }
+  const uint32_t mask = SubclusterMask(sc0, sc1);
+  if ((alloc & mask) != mask || (zero & mask) != 0 ||
+      !(entry & kOflagCopied)) {
+    const uint64_t new_bitmap =
+        uint64_t{alloc | mask} | (uint64_t{zero & ~mask} << 32);
+    RETURN_IF_ERROR(OrderL2AfterAllocation());
+    ref.Set(host | kOflagCopied, new_bitmap);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Qcow2Layer::WriteCluster(uint64_t cluster, uint64_t in_cluster,
+                                      absl::Span<const uint8_t> data) {
+  const Geometry& g = map_->geometry();
+  ASSIGN_OR_RETURN(L2Ref ref, L2ForWrite(cluster));
+  const uint64_t entry = ref.entry();
+  const uint64_t bitmap = ref.bitmap();
+  const uint64_t host = entry & kEntryOffsetMask;
+  const bool compressed = (entry & kOflagCompressed) != 0;
+  const uint64_t guest = cluster << g.cluster_bits;
+
+  if (!compressed && host != 0 && (entry & kOflagCopied)) {
+    // The cluster is ours alone: write in place.
+    if (g.extended_l2) return WriteSubclusters(ref, cluster, in_cluster, data);
+    RETURN_IF_ERROR(CheckDataTarget(host, g.cluster_size));
+    if ((entry & kOflagZero) == 0) {
+      return file_->WriteAt(host + in_cluster, data);
+    }
+    // Preallocated zero cluster: the rest must read as zeros on disk too.
+    std::vector<uint8_t> buf(g.cluster_size, 0);
+    std::memcpy(buf.data() + in_cluster, data.data(), data.size());
+    RETURN_IF_ERROR(file_->WriteAt(host, buf));
+    RETURN_IF_ERROR(OrderL2AfterAllocation());
+    ref.Set(host | kOflagCopied, 0);
+    return absl::OkStatus();
+  }
+
+  if (g.extended_l2 && !compressed && host == 0) {
+    // Unallocated or zero subclusters: take a cluster, write only the
+    // subclusters touched.
+    ASSIGN_OR_RETURN(uint64_t fresh, refcounts_->Allocate(1));
+    L2Ref staged = ref;
+    // Write data before publishing: use the entry's current bitmap with the
+    // new host offset (no subcluster of it is allocated yet).
+    StoreBE64(&staged.slice->data[staged.index * 16], fresh | kOflagCopied);
+    // WriteSubclusters reads the entry back; restore the old entry if the
+    // data write fails so the cache never points at unwritten data.
+    absl::Status s = WriteSubclusters(staged, cluster, in_cluster, data);
+    if (!s.ok()) {
+      StoreBE64(&staged.slice->data[staged.index * 16], entry);
+      return s;
+    }
+    return absl::OkStatus();
+  }
+
+  // Copy-on-write of the whole cluster into a new one.
+  ASSIGN_OR_RETURN(uint64_t fresh, refcounts_->Allocate(1));
+  RETURN_IF_ERROR(CheckDataTarget(fresh, g.cluster_size));
+  const uint64_t tail = in_cluster + data.size();
+  std::vector<uint8_t> head_buf(in_cluster), tail_buf(g.cluster_size - tail);
+  RETURN_IF_ERROR(ReadOld(entry, bitmap, guest, absl::MakeSpan(head_buf)));
+  RETURN_IF_ERROR(ReadOld(entry, bitmap, guest + tail, absl::MakeSpan(tail_buf)));
+  iovec iov[3] = {{head_buf.data(), head_buf.size()},
+                  {const_cast<uint8_t*>(data.data()), data.size()},
+                  {tail_buf.data(), tail_buf.size()}};
+  RETURN_IF_ERROR(file_->WritevAt(fresh, absl::MakeConstSpan(iov, 3)));
+  RETURN_IF_ERROR(OrderL2AfterAllocation());
+  ref.Set(fresh | kOflagCopied, g.extended_l2 ? 0xffffffffull : 0);
+  if (compressed || host != 0) RETURN_IF_ERROR(ReleaseHost(entry));
+  return absl::OkStatus();
+}
+
+absl::Status Qcow2Layer::Write(uint64_t offset, absl::Span<const uint8_t> data) {
+  RETURN_IF_ERROR(PrepareWrite());
+  const Geometry& g = map_->geometry();
+  uint64_t pos = 0;
+  while (pos < data.size()) {
+    const uint64_t cur = offset + pos;
+    const uint64_t in_cluster = cur & (g.cluster_size - 1);
+    const uint64_t n =
+        std::min<uint64_t>(data.size() - pos, g.cluster_size - in_cluster);
+    absl::Status s = WriteCluster(cur >> g.cluster_bits, in_cluster,
+                                  data.subspan(pos, n));
+    if (!s.ok()) return Fail(std::move(s));
+    pos += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Qcow2Layer::Flush() {
+  if (!writable_ || closed_) return absl::OkStatus();
+  absl::Status s = map_->l2_cache().Flush();
+  if (s.ok()) s = refcounts_->Flush();
+  if (s.ok()) s = file_->Flush();
+  if (!s.ok()) return Fail(std::move(s));
+  refcounts_->ReleaseQuarantine();
+  return absl::OkStatus();
+}
+
+absl::Status Qcow2Layer::Close() {
+  if (closed_) return absl::OkStatus();
+  absl::Status s = Flush();
+  if (s.ok() && writable_ && (header_.incompatible_features & kIncompatDirty)) {
+    header_.incompatible_features &= ~kIncompatDirty;
+    s = WriteHeaderFields();
+  }
+  closed_ = true;
+  return s;
+}
+
+}  // namespace qcow2::internal

@@ -1,0 +1,149 @@
+// Write-zeroes and discard for qcow2 layers: zero flags, zero subcluster
+// bitmaps, and releasing host clusters.
+#include <algorithm>
+#include <vector>
+
+#include "lib/format/entries.h"
+#include "lib/image/qcow2_layer.h"
+#include "lib/util/math.h"
+#include "lib/util/status_macros.h"
+
+namespace qcow2::internal {
+
+namespace {
+const std::vector<uint8_t>& ZeroCluster2M() {
+  static const auto* zeros = new std::vector<uint8_t>(2u << 20, 0);
+  return *zeros;
+}
+}  // namespace
+
+absl::Status Qcow2Layer::ZeroCluster(uint64_t cluster, bool free_clusters) {
+  const Geometry& g = map_->geometry();
+  ASSIGN_OR_RETURN(L2Ref ref, map_->Lookup(cluster));
+  const uint64_t entry = ref.slice ? ref.entry() : 0;
+  const uint64_t bitmap = ref.slice ? ref.bitmap() : 0;
+  if (entry == 0 && bitmap == 0 && !backing_) return absl::OkStatus();
+  const uint64_t host = entry & kEntryOffsetMask;
+  const bool owned =
+      host != 0 && (entry & kOflagCopied) && !(entry & kOflagCompressed);
+  const bool keep = owned && !free_clusters;
+
+  if (header_.version < 3) {
+    // No zero flag in version 2.
+    if (backing_) {
+      return WriteCluster(cluster, 0,
+                          absl::MakeConstSpan(ZeroCluster2M().data(),
+                                              g.cluster_size));
+    }
+    if (keep) {
+      RETURN_IF_ERROR(CheckDataTarget(host, g.cluster_size));
+      return file_->WriteZeroes(host, g.cluster_size);
+    }
+    if (entry == 0) return absl::OkStatus();
+    ref.Set(0, 0);
+    return ReleaseHost(entry);
+  }
+
+  if (ref.slice == nullptr) {
+    ASSIGN_OR_RETURN(ref, L2ForWrite(cluster));
+  }
+  if (g.extended_l2) {
+    ref.Set(keep ? (host | kOflagCopied) : 0, 0xffffffffull << 32);
+  } else {
+    ref.Set(keep ? (host | kOflagCopied | kOflagZero) : kOflagZero, 0);
+  }
+  if (!keep && (host != 0 || (entry & kOflagCompressed))) {
+    RETURN_IF_ERROR(ReleaseHost(entry));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Qcow2Layer::ZeroSubclusters(uint64_t cluster, uint64_t in_cluster,
+                                         uint64_t len) {
+  const Geometry& g = map_->geometry();
+  const uint64_t guest = cluster << g.cluster_bits;
+  const uint64_t first_full = AlignUp(in_cluster, g.subcluster_size);
+  const uint64_t end = in_cluster + len;
+  const uint64_t last_full = AlignDown(end, g.subcluster_size);
+  // Partial subclusters at either end: write zero bytes unless they already
+  // read as zero.
+  auto zero_bytes = [&](uint64_t from, uint64_t to) -> absl::Status {
+    if (from >= to) return absl::OkStatus();
+    ASSIGN_OR_RETURN(Extent e, Map(guest + from, to - from));
+    if (e.length >= to - from &&
+        (e.kind == Extent::kZero ||
+         (e.kind == Extent::kUnallocated && !backing_))) {
+      return absl::OkStatus();
+    }
+    return WriteCluster(cluster, from,
+                        absl::MakeConstSpan(ZeroCluster2M().data(), to - from));
+  };
+  if (first_full >= last_full) return zero_bytes(in_cluster, end);
+  RETURN_IF_ERROR(zero_bytes(in_cluster, first_full));
+  RETURN_IF_ERROR(zero_bytes(last_full, end));
+  ASSIGN_OR_RETURN(L2Ref ref, L2ForWrite(cluster));
+  uint64_t entry = ref.entry();
+  if (entry & kOflagCompressed) {
+    // A compressed cluster has no subclusters: decompress it into a cluster
+    // of our own first, then zero the subclusters there.
+    std::vector<uint8_t> buf(g.cluster_size);
+    RETURN_IF_ERROR(ReadOld(entry, 0, guest, absl::MakeSpan(buf)));
+    RETURN_IF_ERROR(WriteCluster(cluster, 0, buf));
+    ASSIGN_OR_RETURN(ref, L2ForWrite(cluster));
+    entry = ref.entry();
+  } else if ((entry & kEntryOffsetMask) != 0 && !(entry & kOflagCopied)) {
+    // Shared cluster: take a private copy so the other owner is untouched.
+    std::vector<uint8_t> buf(g.cluster_size);
+    RETURN_IF_ERROR(ReadOld(entry, ref.bitmap(), guest, absl::MakeSpan(buf)));
+    RETURN_IF_ERROR(WriteCluster(cluster, 0, buf));
+    ASSIGN_OR_RETURN(ref, L2ForWrite(cluster));
+    entry = ref.entry();
+  }
+  const uint64_t bitmap = ref.bitmap();
+  const int sc0 = static_cast<int>(first_full / g.subcluster_size);
+  const int sc1 = static_cast<int>(last_full / g.subcluster_size) - 1;
+  const uint32_t mask = static_cast<uint32_t>(
+      ((1ull << (sc1 + 1)) - 1) & ~((1ull << sc0) - 1));
+  const uint32_t alloc = static_cast<uint32_t>(bitmap) & ~mask;
+  const uint32_t zero = static_cast<uint32_t>(bitmap >> 32) | mask;
+  ref.Set(entry, uint64_t{alloc} | (uint64_t{zero} << 32));
+  return absl::OkStatus();
+}
+
+absl::Status Qcow2Layer::Zero(uint64_t offset, uint64_t len,
+                              bool free_clusters) {
+  RETURN_IF_ERROR(PrepareWrite());
+  const Geometry& g = map_->geometry();
+  uint64_t pos = 0;
+  while (pos < len) {
+    const uint64_t cur = offset + pos;
+    const uint64_t cluster = cur >> g.cluster_bits;
+    const uint64_t in_cluster = cur & (g.cluster_size - 1);
+    uint64_t n = std::min<uint64_t>(len - pos, g.cluster_size - in_cluster);
+    // The last cluster of an image whose size is not cluster aligned counts
+    // as whole when the request reaches the end of the disk.
+    const bool whole =
+        n == g.cluster_size ||
+        (in_cluster == 0 && cur + n == header_.size);
+    absl::Status s;
+    if (whole) {
+      s = ZeroCluster(cluster, free_clusters);
+    } else if (g.extended_l2) {
+      s = ZeroSubclusters(cluster, in_cluster, n);
+    } else {
+      ASSIGN_OR_RETURN(Extent e, Map(cur, n));
+      bool reads_zero = e.length >= n &&
+                        (e.kind == Extent::kZero ||
+                         (e.kind == Extent::kUnallocated && !backing_));
+      if (!reads_zero) {
+        s = WriteCluster(cluster, in_cluster,
+                         absl::MakeConstSpan(ZeroCluster2M().data(), n));
+      }
+    }
+    if (!s.ok()) return Fail(std::move(s));
+    pos += n;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace qcow2::internal

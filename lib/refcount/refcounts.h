@@ -1,0 +1,121 @@
+// Host cluster reference counts of one qcow2 image: the refcount table (in
+// memory, written through) and refcount blocks (through a write-back cache),
+// for every refcount width from 1 to 64 bits, plus cluster allocation.
+//
+// Ordering (docs/crash-consistency.md): a new refcount block is written and
+// flushed before the table entry that points at it; a grown table is written
+// and flushed before the header points at it; the old table is freed last.
+// Clusters freed since the last Flush() are not handed out again until then,
+// so an on-disk pointer can never meet a cluster's new owner.
+#ifndef QCOW2_LIB_REFCOUNT_REFCOUNTS_H_
+#define QCOW2_LIB_REFCOUNT_REFCOUNTS_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "lib/cache/metadata_cache.h"
+#include "qcow2/file.h"
+
+namespace qcow2::internal {
+
+class Refcounts {
+ public:
+  struct Params {
+    File* file = nullptr;
+    std::string filename;
+    uint32_t cluster_bits = 16;
+    uint32_t refcount_order = 4;
+    uint64_t table_offset = 0;
+    uint32_t table_clusters = 0;
+    std::vector<uint64_t> table;  // host order, refcount_table_clusters worth
+    uint64_t cache_bytes = 1 << 20;
+  };
+  // Writes the header fields for a new refcount table location (offset and
+  // cluster count in one write) and makes them durable.
+  using HeaderWriter =
+      std::function<absl::Status(uint64_t table_offset, uint32_t clusters)>;
+
+  explicit Refcounts(Params p);
+
+  // Loads the refcount table of an image.
+  static absl::StatusOr<std::vector<uint64_t>> LoadTable(
+      File* file, uint64_t offset, uint32_t clusters, uint32_t cluster_bits,
+      const std::string& filename);
+
+  void set_header_writer(HeaderWriter w) { header_writer_ = std::move(w); }
+
+  uint64_t cluster_size() const { return cluster_size_; }
+  uint64_t max_refcount() const { return max_refcount_; }
+  uint64_t table_offset() const { return table_offset_; }
+  uint32_t table_clusters() const { return table_clusters_; }
+  const std::vector<uint64_t>& table() const { return table_; }
+  MetadataCache& cache() { return cache_; }
+
+  // Refcount of host cluster `cluster` (an index, not a byte offset).
+  absl::StatusOr<uint64_t> Get(uint64_t cluster);
+
+  // Adds `delta` to every cluster overlapping [offset, offset + len).
+  // Fails with kDataLoss on underflow or overflow (nothing is changed then
+  // for the failing cluster).
+  absl::Status Update(uint64_t offset, uint64_t len, int64_t delta);
+
+  // Allocates `n` contiguous clusters with refcount 1 and returns the byte
+  // offset of the first.
+  absl::StatusOr<uint64_t> Allocate(uint64_t n);
+
+  // Writes dirty refcount blocks (not the file flush) and lets clusters
+  // freed before this call be reused once the caller has flushed the file.
+  absl::Status Flush();
+  // Called by the owner after the file flush that followed Flush().
+  void ReleaseQuarantine();
+
+  // Highest cluster index + 1 that has ever been in use or allocated: the
+  // allocator's view of the end of the image.
+  uint64_t end_cluster() const { return end_cluster_; }
+  void NoteEnd(uint64_t end_cluster) {
+    if (end_cluster > end_cluster_) end_cluster_ = end_cluster;
+  }
+
+  // Called when a cluster's refcount drops to 0 (to drop cached copies and
+  // discard its bytes).
+  void set_free_hook(std::function<void(uint64_t offset)> hook) {
+    free_hook_ = std::move(hook);
+  }
+
+ private:
+  uint64_t ReadEntry(const uint8_t* block, uint64_t index) const;
+  void WriteEntry(uint8_t* block, uint64_t index, uint64_t value) const;
+  absl::StatusOr<uint64_t> FindFree(uint64_t n);
+  // Ensures a refcount block exists for cluster `cluster`; may allocate one
+  // (and grow the table). Returns true if it had to allocate.
+  absl::StatusOr<bool> EnsureBlock(uint64_t cluster);
+  absl::Status GrowTable(uint64_t needed_index);
+  absl::Status WriteTableEntry(uint64_t index);
+  absl::Status Corrupt(const std::string& what) const;
+  bool Quarantined(uint64_t cluster, uint64_t n) const;
+
+  File* const file_;
+  const std::string filename_;
+  const uint32_t cluster_bits_;
+  const uint64_t cluster_size_;
+  const uint32_t refcount_order_;
+  const uint64_t block_entries_;
+  const uint64_t max_refcount_;
+  uint64_t table_offset_;
+  uint32_t table_clusters_;
+  std::vector<uint64_t> table_;
+  MetadataCache cache_;
+  HeaderWriter header_writer_;
+  std::function<void(uint64_t)> free_hook_;
+  uint64_t free_hint_ = 0;
+  uint64_t end_cluster_ = 0;
+  // Clusters freed since the last flush: [start, end) cluster ranges.
+  std::vector<std::pair<uint64_t, uint64_t>> quarantine_, pending_release_;
+};
+
+}  // namespace qcow2::internal
+
+#endif  // QCOW2_LIB_REFCOUNT_REFCOUNTS_H_
