@@ -257,8 +257,9 @@ absl::StatusOr<Header> DecodeHeader(absl::Span<const uint8_t> c0,
   }
 
   // Extensions live between the header and the backing file name (or the
-  // end of the cluster).
-  // The name's offset was checked above to lie in [header_length, cluster).
+  // end of the cluster). As in QEMU, any nonzero backing_file_offset ends
+  // the area, even one equal to header_length (then there are none); it
+  // was checked above to lie in [header_length, cluster).
   uint64_t ext_end = std::min<uint64_t>(cluster_size, c0.size());
   if (h.backing_file_offset != 0) {
     ext_end = std::min<uint64_t>(ext_end, h.backing_file_offset);

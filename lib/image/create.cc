@@ -112,7 +112,8 @@ absl::Status CreateQcow2(File* file, const std::string& path,
     h.compression_type = 1;
   }
   if (o.lazy_refcounts) h.compatible_features |= kCompatLazyRefcounts;
-  if (!v2) h.feature_names = DefaultFeatureNames();
+  // QEMU leaves the feature-name table out of small header clusters.
+  if (!v2 && o.cluster_size > 4096) h.feature_names = DefaultFeatureNames();
   h.backing_file = o.backing_file;
   if (!o.backing_format.empty()) h.backing_format = o.backing_format;
 

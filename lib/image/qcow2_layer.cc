@@ -8,6 +8,7 @@
 #include "lib/compress/compress.h"
 #include "lib/format/entries.h"
 #include "lib/util/endian.h"
+#include "lib/util/events.h"
 #include "lib/util/math.h"
 #include "lib/util/status_macros.h"
 
@@ -113,6 +114,10 @@ absl::Status Qcow2Layer::OpenForWriting(const OpenOptions& opts) {
     refcounts_->cache().Invalidate(offset, cs);
     file_->Discard(offset, cs).IgnoreError();  // advisory
   });
+  map_->l2_cache().set_write_hook(
+      [](uint64_t, uint32_t) { EmitEvent("l2-update"); });
+  refcounts_->cache().set_write_hook(
+      [](uint64_t, uint32_t) { EmitEvent("refblock-update"); });
   lazy_refcounts_ = (h.compatible_features & kCompatLazyRefcounts) != 0;
   writable_ = true;
   if (h.incompatible_features & kIncompatDirty) {

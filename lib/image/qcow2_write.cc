@@ -8,6 +8,7 @@
 #include "lib/format/entries.h"
 #include "lib/image/qcow2_layer.h"
 #include "lib/util/endian.h"
+#include "lib/util/events.h"
 #include "lib/util/math.h"
 #include "lib/util/status_macros.h"
 
@@ -37,6 +38,7 @@ absl::Status Qcow2Layer::Fail(absl::Status s) {
 
 absl::Status Qcow2Layer::WriteHeaderFields() {
   ASSIGN_OR_RETURN(std::vector<uint8_t> enc, EncodeHeader(header_));
+  EmitEvent("header-update");
   size_t n = header_.version >= 3 ? header_.header_length : kV2HeaderLength;
   RETURN_IF_ERROR(file_->WriteAt(0, absl::MakeConstSpan(enc.data(), n)));
   return file_->Flush();
@@ -110,6 +112,7 @@ absl::Status Qcow2Layer::ReleaseHost(uint64_t entry) {
 absl::Status Qcow2Layer::WriteL1Entry(uint64_t index) {
   uint8_t buf[8];
   StoreBE64(buf, map_->l1()[index]);
+  EmitEvent("l1-update");
   return file_->WriteAt(map_->l1_offset() + index * 8,
                         absl::MakeConstSpan(buf, 8));
 }
@@ -142,6 +145,7 @@ absl::StatusOr<L2Ref> Qcow2Layer::L2ForWrite(uint64_t cluster) {
     }
   }
   // The table and its refcount are durable before the L1 entry names it.
+  EmitEvent("l2-alloc");
   RETURN_IF_ERROR(cache.SetDependency(&refcounts_->cache()));
   RETURN_IF_ERROR(cache.Flush());
   RETURN_IF_ERROR(file_->Flush());
@@ -184,6 +188,7 @@ absl::Status Qcow2Layer::ReadOld(uint64_t entry, uint64_t bitmap,
       case SubclusterType::kUnallocated:
       case SubclusterType::kUnallocatedAlloc:
         if (backing_) {
+          EmitEvent("cow-read");
           RETURN_IF_ERROR(backing_(offset + pos, part));
         } else {
           std::fill(part.begin(), part.end(), 0);
@@ -218,6 +223,9 @@ absl::Status Qcow2Layer::WriteSubclusters(L2Ref& ref, uint64_t cluster,
   if (!((alloc >> sc0) & 1)) start = sc0 * g.subcluster_size;
   if (!((alloc >> sc1) & 1)) end = (sc1 + 1) * g.subcluster_size;
   RETURN_IF_ERROR(CheckDataTarget(host + start, end - start));
+  EmitEvent(start == in_cluster && end == in_cluster + data.size()
+                ? "data-write"
+                : "cow-write");
   if (start == in_cluster && end == in_cluster + data.size()) {
     RETURN_IF_ERROR(file_->WriteAt(host + start, data));
   } else {
@@ -257,6 +265,7 @@ absl::Status Qcow2Layer::WriteCluster(uint64_t cluster, uint64_t in_cluster,
     // The cluster is ours alone: write in place.
     if (g.extended_l2) return WriteSubclusters(ref, cluster, in_cluster, data);
     RETURN_IF_ERROR(CheckDataTarget(host, g.cluster_size));
+    EmitEvent("data-write");
     if ((entry & kOflagZero) == 0) {
       return file_->WriteAt(host + in_cluster, data);
     }
@@ -297,6 +306,7 @@ absl::Status Qcow2Layer::WriteCluster(uint64_t cluster, uint64_t in_cluster,
   iovec iov[3] = {{head_buf.data(), head_buf.size()},
                   {const_cast<uint8_t*>(data.data()), data.size()},
                   {tail_buf.data(), tail_buf.size()}};
+  EmitEvent("cow-write");
   RETURN_IF_ERROR(file_->WritevAt(fresh, absl::MakeConstSpan(iov, 3)));
   RETURN_IF_ERROR(OrderL2AfterAllocation());
   ref.Set(fresh | kOflagCopied, g.extended_l2 ? 0xffffffffull : 0);
@@ -325,6 +335,7 @@ absl::Status Qcow2Layer::Flush() {
   if (!writable_ || closed_) return absl::OkStatus();
   absl::Status s = map_->l2_cache().Flush();
   if (s.ok()) s = refcounts_->Flush();
+  EmitEvent("flush");
   if (s.ok()) s = file_->Flush();
   if (!s.ok()) return Fail(std::move(s));
   refcounts_->ReleaseQuarantine();

@@ -7,6 +7,7 @@
 #include "lib/format/entries.h"
 #include "lib/format/header.h"
 #include "lib/util/endian.h"
+#include "lib/util/events.h"
 #include "lib/util/math.h"
 #include "lib/util/status_macros.h"
 
@@ -167,7 +168,9 @@ absl::StatusOr<bool> Refcounts::EnsureBlock(uint64_t cluster) {
       (void)ignored;
       continue;
     }
-    ASSIGN_OR_RETURN(MetadataCache::Handle block, cache_.GetNew(b << cluster_bits_));
+    EmitEvent("refblock-alloc");
+    ASSIGN_OR_RETURN(MetadataCache::Handle block,
+                     cache_.GetNew(b << cluster_bits_));
     if (idx_b == idx) {
       WriteEntry(block->data.data(), b % block_entries_, 1);
     } else {
@@ -209,6 +212,7 @@ absl::Status Refcounts::GrowTable(uint64_t needed_index) {
         filename_, ": refcount table would exceed the 8 MiB limit"));
   }
   const uint64_t area_end = place + table_clusters + blocks;
+  EmitEvent("refcount-table-grow");
   std::vector<uint64_t> table(entries, 0);
   std::copy(table_.begin(), table_.end(), table.begin());
   // New refcount blocks, each counting the new clusters in its range.

@@ -1,0 +1,29 @@
+// Named metadata events ("l2-update", "cow-write", ...), emitted just before
+// the I/O they describe. Tests hook them to cut power or inject errors at an
+// exact step and to report which steps a sweep covered. Without a hook, an
+// event costs one relaxed atomic load.
+#ifndef QCOW2_LIB_UTIL_EVENTS_H_
+#define QCOW2_LIB_UTIL_EVENTS_H_
+
+#include <atomic>
+#include <functional>
+#include <string_view>
+
+namespace qcow2::internal {
+
+using EventHook = std::function<void(std::string_view event)>;
+
+// Installs (or with nullptr, removes) the process-wide hook. Test-only: not
+// synchronised with concurrent emitters.
+void SetEventHook(EventHook* hook);
+
+extern std::atomic<EventHook*> g_event_hook;
+
+inline void EmitEvent(std::string_view event) {
+  EventHook* hook = g_event_hook.load(std::memory_order_relaxed);
+  if (hook != nullptr) (*hook)(event);
+}
+
+}  // namespace qcow2::internal
+
+#endif  // QCOW2_LIB_UTIL_EVENTS_H_
