@@ -56,6 +56,15 @@ class File {
   // either its old contents or zero. Default: does nothing.
   virtual absl::Status Discard(uint64_t offset, uint64_t len);
 
+  // Whether the bytes at `offset` are stored data (true) or a hole that
+  // reads as zeros (false); sets *len to the length of that run, at most
+  // `max_len`. Default: everything is data.
+  virtual absl::StatusOr<bool> DataRun(uint64_t offset, uint64_t max_len,
+                                       uint64_t* len) {
+    *len = max_len;
+    return true;
+  }
+
   // A name for error messages (usually the path).
   virtual const std::string& name() const = 0;
 

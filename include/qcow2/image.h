@@ -131,6 +131,17 @@ class Image {
   absl::StatusOr<BlockStatus> GetBlockStatus(uint64_t offset,
                                              uint64_t max_len);
 
+  // Live external snapshot: creates a qcow2 overlay at `path` whose backing
+  // file is the current top image, and sends every later write to it. The
+  // old top is flushed, marked clean and becomes a read-only backing file.
+  // `opts` chooses the overlay's own cluster size, extended L2, compression
+  // type and so on; its size (0 = the current size), backing_file and
+  // backing_format are filled in. Fails with kAlreadyExists if `path`
+  // exists; on failure the chain is unchanged.
+  // REQUIRES: writable().
+  absl::Status CreateOverlay(const std::string& path,
+                             const CreateOptions& opts);
+
   // Facts about each file of the chain, top first.
   std::vector<LayerInfo> GetChainInfo() const;
 

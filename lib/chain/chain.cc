@@ -98,6 +98,7 @@ absl::StatusOr<std::unique_ptr<Chain>> Chain::Open(std::unique_ptr<File> top,
 
   ASSIGN_OR_RETURN(auto layer, OpenLayer(std::move(top), opts.format, opts));
   chain->writable_ = opts.read_write;
+  chain->opts_ = opts;
   chain->layers_.push_back(std::move(layer));
 
   OpenOptions backing_opts = opts;
@@ -197,20 +198,23 @@ absl::StatusOr<BlockStatus> Chain::GetBlockStatus(uint64_t offset,
   for (int d = 0;; ++d) {
     Layer* layer = layers_[d].get();
     bs.depth = d;
-    if (offset >= layer->size()) {
-      // Past the end of a shorter backing file: zeros, allocated nowhere.
-      bs.length = len;
-      bs.zero = true;
-      return bs;
-    }
     ASSIGN_OR_RETURN(Extent e, layer->Map(offset, len));
     len = e.length;
     switch (e.kind) {
-      case Extent::kUnallocated:
-        if (d + 1 < length()) continue;
+      case Extent::kUnallocated: {
+        // Go down while the layer below covers the range; past its end (or
+        // at the bottom) the range reads as zeros, allocated nowhere, and
+        // is reported at this depth, as qemu-img does.
+        const bool below = d + 1 < length() && offset < layers_[d + 1]->size();
+        if (below) {
+          len = std::min(len, layers_[d + 1]->size() - offset);
+          continue;
+        }
         bs.length = len;
         bs.zero = true;
+        if (e.has_host_cluster) bs.host_offset = e.host_offset;
         return bs;
+      }
       case Extent::kZero:
         bs.length = len;
         bs.present = true;

@@ -49,6 +49,8 @@ class Chain {
   absl::Status Flush();
   absl::Status Close();
   absl::StatusOr<BlockStatus> GetBlockStatus(uint64_t offset, uint64_t max_len);
+  absl::Status CreateOverlay(const std::string& path,
+                             const CreateOptions& opts);
   std::vector<LayerInfo> GetChainInfo() const;
 
  private:
@@ -62,6 +64,7 @@ class Chain {
   mutable std::mutex mu_;
   std::vector<std::unique_ptr<Layer>> layers_;  // [0] is the top
   std::vector<std::string> resolved_backing_;   // per layer, "" if none
+  OpenOptions opts_;
   bool writable_ = false;
   bool closed_ = false;
 };

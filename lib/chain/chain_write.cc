@@ -1,6 +1,7 @@
 // Write-side operations of the chain: everything goes to the top layer;
 // layers below are read for copy-on-write only.
 #include <algorithm>
+#include <filesystem>
 
 #include "lib/chain/chain.h"
 #include "lib/image/qcow2_layer.h"
@@ -73,6 +74,53 @@ absl::Status Chain::Close() {
     if (result.ok() && !s.ok()) result = s;
   }
   return result;
+}
+
+absl::Status Chain::CreateOverlay(const std::string& path,
+                                  const CreateOptions& opts) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(CheckWritable());
+  Layer* old_top = layers_[0].get();
+  RETURN_IF_ERROR(old_top->Flush());
+
+  // Name the backing file the way a person would: by its base name when
+  // both files share a directory, else by absolute path.
+  namespace fs = std::filesystem;
+  const fs::path top_path(old_top->filename());
+  const fs::path new_path(path);
+  std::string backing = top_path.string();
+  if (top_path.parent_path() == new_path.parent_path()) {
+    backing = top_path.filename().string();
+  } else if (!top_path.is_absolute()) {
+    std::error_code ec;
+    fs::path abs = fs::absolute(top_path, ec);
+    if (!ec) backing = abs.string();
+  }
+  CreateOptions co = opts;
+  co.format = ImageFormat::kQcow2;
+  co.backing_file = backing;
+  co.backing_format =
+      dynamic_cast<Qcow2Layer*>(old_top) != nullptr ? "qcow2" : "raw";
+  if (co.size == 0) co.size = size();
+  co.opener = opts_.opener;
+  RETURN_IF_ERROR(CreateImage(path, co));
+
+  FileOpener* opener = opts_.opener ? opts_.opener : DefaultFileOpener();
+  FileOptions fo;
+  fo.read_only = false;
+  fo.direct = opts_.direct_io;
+  ASSIGN_OR_RETURN(std::unique_ptr<File> file, opener->Open(path, fo));
+  OpenOptions oo = opts_;
+  oo.read_write = true;
+  oo.format = "qcow2";
+  ASSIGN_OR_RETURN(auto layer, Qcow2Layer::Open(std::move(file), oo));
+  // The old top stops taking writes: flush it and mark it clean.
+  RETURN_IF_ERROR(old_top->Close());
+  if (Qcow2Layer* q = top_qcow2()) q->set_backing(nullptr);
+  layers_.insert(layers_.begin(), std::move(layer));
+  resolved_backing_.insert(resolved_backing_.begin(), top_path.string());
+  ConnectBacking();
+  return absl::OkStatus();
 }
 
 }  // namespace qcow2::internal

@@ -73,10 +73,13 @@ class RawLayer : public Layer {
   absl::Status Flush() override { return file_->Flush(); }
 
  private:
-  RawLayer(std::unique_ptr<File> file, uint64_t size)
-      : file_(std::move(file)), size_(size) {}
+  RawLayer(std::unique_ptr<File> file, uint64_t file_size)
+      : file_(std::move(file)),
+        file_size_(file_size),
+        size_((file_size + 511) & ~uint64_t{511}) {}
   std::unique_ptr<File> file_;
-  uint64_t size_;
+  uint64_t file_size_;
+  uint64_t size_;  // rounded up to 512 bytes, as QEMU presents raw files
 };
 
 }  // namespace qcow2::internal

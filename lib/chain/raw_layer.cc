@@ -28,9 +28,21 @@ absl::StatusOr<std::unique_ptr<RawLayer>> RawLayer::Open(
 
 absl::StatusOr<Extent> RawLayer::Map(uint64_t offset, uint64_t max_len) {
   Extent e;
-  e.kind = Extent::kData;
   e.host_offset = offset;
-  e.length = std::min(max_len, size_ - offset);
+  if (offset < file_size_) {
+    uint64_t run = 0;
+    ASSIGN_OR_RETURN(bool data, file_->DataRun(
+                                    offset, std::min(max_len, file_size_ - offset),
+                                    &run));
+    e.kind = data ? Extent::kData : Extent::kZero;
+    e.has_host_cluster = !data;
+    e.length = std::max<uint64_t>(run, 1);
+  } else {
+    // The tail that rounds the size up to a sector: zeros.
+    e.kind = Extent::kZero;
+    e.has_host_cluster = true;
+    e.length = std::min(max_len, size_ - offset);
+  }
   return e;
 }
 
@@ -39,7 +51,7 @@ LayerInfo RawLayer::Info() const {
   info.filename = file_->name();
   info.format = ImageFormat::kRaw;
   info.virtual_size = size_;
-  info.file_size = size_;
+  info.file_size = file_size_;
   return info;
 }
 

@@ -52,6 +52,11 @@ absl::StatusOr<BlockStatus> Image::GetBlockStatus(uint64_t offset,
   return chain_->GetBlockStatus(offset, max_len);
 }
 
+absl::Status Image::CreateOverlay(const std::string& path,
+                                  const CreateOptions& opts) {
+  return chain_->CreateOverlay(path, opts);
+}
+
 std::vector<LayerInfo> Image::GetChainInfo() const {
   return chain_->GetChainInfo();
 }

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "lib/compress/compress.h"
+#include "lib/refcount/check.h"
 #include "lib/format/entries.h"
 #include "lib/util/endian.h"
 #include "lib/util/events.h"
@@ -52,6 +53,17 @@ absl::StatusOr<std::unique_ptr<Qcow2Layer>> Qcow2Layer::Open(
   ASSIGN_OR_RETURN(Header h, DecodeHeader(c0, name));
   RETURN_IF_ERROR(CheckFeatures(h, name));
   RETURN_IF_ERROR(ValidateHeaderTables(h, file_size, name));
+  if (opts.read_write && (h.incompatible_features & kIncompatDirty) &&
+      !(h.incompatible_features & kIncompatCorrupt)) {
+    // Lazy refcounts and no clean close: refcounts may be stale. Rebuild
+    // them before anything is allocated, then read the header again (the
+    // rebuild may move the refcount table and clears the dirty bit).
+    RETURN_IF_ERROR(RebuildRefcounts(file.get()));
+    ASSIGN_OR_RETURN(file_size, file->Size());
+    ASSIGN_OR_RETURN(c0, ReadCluster0(file.get()));
+    ASSIGN_OR_RETURN(h, DecodeHeader(c0, name));
+    RETURN_IF_ERROR(ValidateHeaderTables(h, file_size, name));
+  }
 
   if (opts.read_write && (h.incompatible_features & kIncompatCorrupt)) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -120,17 +132,22 @@ absl::Status Qcow2Layer::OpenForWriting(const OpenOptions& opts) {
       [](uint64_t, uint32_t) { EmitEvent("refblock-update"); });
   lazy_refcounts_ = (h.compatible_features & kCompatLazyRefcounts) != 0;
   writable_ = true;
-  if (h.incompatible_features & kIncompatDirty) {
-    // Refcounts may be stale after a crash with lazy refcounts: rebuild.
-    RETURN_IF_ERROR(RebuildRefcountsAfterCrash());
-  }
   return absl::OkStatus();
 }
 
-absl::Status Qcow2Layer::RebuildRefcountsAfterCrash() {
-  return absl::FailedPreconditionError(absl::StrCat(
-      file_->name(), ": image is dirty (lazy refcounts after a crash); "
-                     "repair it with 'qcowtool check -r all' first"));
+absl::Status Qcow2Layer::RebuildRefcounts(File* file) {
+  ASSIGN_OR_RETURN(CheckResult r, CheckImage(file, RepairMode::kAll));
+  if (!r.failure.empty()) {
+    return absl::DataLossError(absl::StrCat(
+        file->name(), ": rebuilding refcounts of a dirty image failed: ",
+        r.failure));
+  }
+  if (r.corruptions > r.corruptions_fixed) {
+    return absl::DataLossError(absl::StrCat(
+        file->name(), ": dirty image has ", r.corruptions - r.corruptions_fixed,
+        " corruptions that a refcount rebuild cannot fix"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Extent> Qcow2Layer::Map(uint64_t offset, uint64_t max_len) {
@@ -161,7 +178,7 @@ absl::StatusOr<Extent> Qcow2Layer::Map(uint64_t offset, uint64_t max_len) {
         next.host_offset != first.host_offset + first.length) {
       break;
     }
-    if (first.kind == Extent::kZero &&
+    if ((first.kind == Extent::kZero || first.kind == Extent::kUnallocated) &&
         (next.has_host_cluster != first.has_host_cluster ||
          (first.has_host_cluster &&
           next.host_offset != first.host_offset + first.length))) {
@@ -245,8 +262,12 @@ absl::StatusOr<Extent> Qcow2Layer::MapInCluster(const L2Ref& ref,
       e.kind = Extent::kZero;
       break;
     case SubclusterType::kUnallocated:
+      e.kind = Extent::kUnallocated;
+      break;
     case SubclusterType::kUnallocatedAlloc:
       e.kind = Extent::kUnallocated;
+      e.has_host_cluster = true;
+      e.host_offset = host + in_cluster;
       break;
     default:
       return corrupt("is inconsistent");

@@ -77,7 +77,7 @@ class Qcow2Layer : public Layer {
 
   absl::Status OpenForWriting(const OpenOptions& opts);
   // Recomputes every refcount from the metadata (dirty images).
-  absl::Status RebuildRefcountsAfterCrash();
+  static absl::Status RebuildRefcounts(File* file);
 
   // Write helpers.
   absl::Status PrepareWrite();

@@ -184,6 +184,25 @@ absl::Status PosixFile::Discard(uint64_t offset, uint64_t len) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> PosixFile::DataRun(uint64_t offset, uint64_t max_len,
+                                        uint64_t* len) {
+  *len = max_len;
+  off_t data = ::lseek(fd_, static_cast<off_t>(offset), SEEK_DATA);
+  if (data < 0) {
+    if (errno == ENXIO) return false;  // only a hole up to the end
+    return true;                        // no SEEK_DATA here: all data
+  }
+  if (static_cast<uint64_t>(data) > offset) {
+    *len = std::min<uint64_t>(max_len, data - offset);
+    return false;
+  }
+  off_t hole = ::lseek(fd_, static_cast<off_t>(offset), SEEK_HOLE);
+  if (hole > static_cast<off_t>(offset)) {
+    *len = std::min<uint64_t>(max_len, hole - offset);
+  }
+  return true;
+}
+
 AlignedBuffer::AlignedBuffer(size_t size, size_t alignment) : size_(size) {
   if (alignment < 64) alignment = 64;
   size_t alloc = AlignUp(size == 0 ? 1 : size, alignment);

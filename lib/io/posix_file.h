@@ -48,6 +48,8 @@ class PosixFile : public File {
   absl::Status Allocate(uint64_t offset, uint64_t len) override;
   absl::Status WriteZeroes(uint64_t offset, uint64_t len) override;
   absl::Status Discard(uint64_t offset, uint64_t len) override;
+  absl::StatusOr<bool> DataRun(uint64_t offset, uint64_t max_len,
+                               uint64_t* len) override;
   const std::string& name() const override { return name_; }
   uint32_t alignment() const override { return alignment_; }
   int fd() const { return fd_; }

@@ -152,7 +152,12 @@ absl::Status Refcounts::WriteTableEntry(uint64_t index) {
 
 absl::StatusOr<bool> Refcounts::EnsureBlock(uint64_t cluster) {
   const uint64_t idx = cluster / block_entries_;
-  if (idx >= table_.size()) RETURN_IF_ERROR(GrowTable(idx));
+  if (idx >= table_.size()) {
+    // The grown table and its blocks take free clusters, possibly the very
+    // ones the caller picked: report a move so it looks again.
+    RETURN_IF_ERROR(GrowTable(idx));
+    return true;
+  }
   if (table_[idx] != 0) return false;
   while (true) {
     ASSIGN_OR_RETURN(uint64_t b, FindFree(1));
