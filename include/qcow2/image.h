@@ -115,15 +115,22 @@ class Image {
   // `unmap`, host clusters may be released.
   absl::Status WriteZeroes(uint64_t offset, uint64_t len, bool unmap = false);
 
-  // Discards the range: afterwards it reads as the backing chain below (or
-  // zeros with no backing file), and fully covered clusters are freed.
+  // Discards the range: afterwards it reads as zeros (never as backing
+  // data), and the host clusters of fully covered clusters are released.
   absl::Status Discard(uint64_t offset, uint64_t len);
+
+  // Grows the virtual disk to `new_size` bytes (rounded up to 512); the new
+  // range reads as zeros (or as the backing file where it reaches). The
+  // qcow2 L1 table is reallocated when it no longer covers the disk.
+  // Shrinking fails with kUnimplemented. REQUIRES: writable().
+  absl::Status Resize(uint64_t new_size);
 
   // Makes every write completed before the call durable, metadata included.
   absl::Status Flush();
 
-  // Flushes, marks the image clean and closes every file of the chain.
-  // No other method may be called afterwards.
+  // Flushes, marks the image clean and stops accepting requests; the files
+  // are closed when the Image is destroyed. Later calls fail with
+  // kFailedPrecondition.
   absl::Status Close();
 
   // The status of the range starting at `offset`, as long as it stays

@@ -72,9 +72,10 @@ absl::Status MetadataCache::MakeRoom() {
 
 absl::Status MetadataCache::FlushDependencies() {
   if (depends_on_ != nullptr) {
-    MetadataCache* dep = depends_on_;
+    // Forget the dependency only once it is met: after an I/O error the
+    // next attempt must honour it again.
+    RETURN_IF_ERROR(depends_on_->Flush());
     depends_on_ = nullptr;
-    RETURN_IF_ERROR(dep->Flush());
     depends_on_flush_ = true;
   }
   if (depends_on_flush_) {
@@ -102,7 +103,12 @@ absl::Status MetadataCache::Flush() {
   for (auto& [offset, slot] : map_) {
     if (slot.entry->dirty) dirty.push_back(slot.entry.get());
   }
-  if (dirty.empty()) return absl::OkStatus();
+  if (dirty.empty()) {
+    // Nothing waits on the dependency; dropping it keeps the graph acyclic
+    // (every later change sets its own dependency first).
+    depends_on_ = nullptr;
+    return absl::OkStatus();
+  }
   std::sort(dirty.begin(), dirty.end(),
             [](const Entry* a, const Entry* b) { return a->offset < b->offset; });
   for (Entry* e : dirty) RETURN_IF_ERROR(WriteEntry(*e));

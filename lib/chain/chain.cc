@@ -62,7 +62,12 @@ absl::StatusOr<std::string> ResolveBackingName(const std::string& image_name,
     }
   }
   if (backing[0] == '/') return backing;
-  return absl::StrCat(DirName(image_name), "/", backing);
+  // Spelled the way qemu-img spells it: no "./" for an image in the
+  // current directory, no "//" under the root.
+  if (image_name.find('/') == std::string::npos) return backing;
+  const std::string dir = DirName(image_name);
+  return dir == "/" ? absl::StrCat("/", backing)
+                    : absl::StrCat(dir, "/", backing);
 }
 
 absl::StatusOr<std::unique_ptr<Layer>> OpenLayer(std::unique_ptr<File> file,

@@ -32,8 +32,18 @@ class Chain {
                                                      const OpenOptions& opts);
   ~Chain();
 
+  // Caller holds mu_ (or nothing can change the chain concurrently).
   uint64_t size() const { return layers_[0]->size(); }
   int length() const { return static_cast<int>(layers_.size()); }
+  // The same for callers from outside (take mu_).
+  uint64_t LockedSize() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return size();
+  }
+  int LockedLength() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return length();
+  }
   Layer* layer(int depth) { return layers_[depth].get(); }
   bool writable() const { return writable_; }
 
@@ -46,6 +56,7 @@ class Chain {
   absl::Status Write(uint64_t offset, absl::Span<const uint8_t> data);
   absl::Status WriteZeroes(uint64_t offset, uint64_t len, bool unmap);
   absl::Status Discard(uint64_t offset, uint64_t len);
+  absl::Status Resize(uint64_t new_size);
   absl::Status Flush();
   absl::Status Close();
   absl::StatusOr<BlockStatus> GetBlockStatus(uint64_t offset, uint64_t max_len);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "absl/strings/str_cat.h"
 #include "lib/chain/chain.h"
 #include "lib/image/qcow2_layer.h"
 #include "lib/util/status_macros.h"
@@ -57,6 +58,23 @@ absl::Status Chain::Discard(uint64_t offset, uint64_t len) {
   return layers_[0]->file()->WriteZeroes(offset, len);
 }
 
+absl::Status Chain::Resize(uint64_t new_size) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(CheckWritable());
+  new_size = (new_size + 511) & ~uint64_t{511};
+  if (new_size < size()) {
+    return absl::UnimplementedError(absl::StrCat(
+        layers_[0]->filename(), ": shrinking an image is not supported"));
+  }
+  if (new_size == size()) return absl::OkStatus();
+  Qcow2Layer* top = top_qcow2();
+  if (top == nullptr) {
+    return absl::UnimplementedError(absl::StrCat(
+        layers_[0]->filename(), ": resizing raw images is not supported"));
+  }
+  return top->Grow(new_size);
+}
+
 absl::Status Chain::Flush() {
   std::lock_guard<std::mutex> lock(mu_);
   if (closed_) return absl::FailedPreconditionError("image is closed");
@@ -69,6 +87,7 @@ absl::Status Chain::Close() {
   if (closed_) return absl::OkStatus();
   closed_ = true;
   absl::Status result;
+  if (writable_ && top_qcow2() == nullptr) result = layers_[0]->Flush();
   for (auto& layer : layers_) {
     absl::Status s = layer->Close();
     if (result.ok() && !s.ok()) result = s;
@@ -80,6 +99,11 @@ absl::Status Chain::CreateOverlay(const std::string& path,
                                   const CreateOptions& opts) {
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(CheckWritable());
+  if (length() > opts_.max_chain_depth) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a new overlay would make the chain deeper than ",
+        opts_.max_chain_depth, " images"));
+  }
   Layer* old_top = layers_[0].get();
   RETURN_IF_ERROR(old_top->Flush());
 

@@ -25,7 +25,7 @@ inline constexpr uint32_t kMaxClusterBits = 21;
 inline constexpr uint32_t kMinExtendedL2ClusterBits = 14;
 inline constexpr uint32_t kMaxBackingFileNameSize = 1023;
 
-// Limits QEMU enforces and so do we (see docs/security.md).
+// Limits QEMU enforces and so do we (see docs/format.md).
 inline constexpr uint64_t kMaxL1Bytes = 32ull << 20;
 inline constexpr uint64_t kMaxRefcountTableBytes = 8ull << 20;
 inline constexpr uint32_t kMaxSnapshots = 65536;

@@ -28,8 +28,8 @@ absl::StatusOr<std::unique_ptr<Image>> Image::Open(std::unique_ptr<File> top,
   return std::unique_ptr<Image>(new Image(std::move(chain)));
 }
 
-uint64_t Image::size() const { return chain_->size(); }
-int Image::chain_length() const { return chain_->length(); }
+uint64_t Image::size() const { return chain_->LockedSize(); }
+int Image::chain_length() const { return chain_->LockedLength(); }
 bool Image::writable() const { return chain_->writable(); }
 
 absl::Status Image::Read(uint64_t offset, absl::Span<uint8_t> buf) {
@@ -43,6 +43,9 @@ absl::Status Image::WriteZeroes(uint64_t offset, uint64_t len, bool unmap) {
 }
 absl::Status Image::Discard(uint64_t offset, uint64_t len) {
   return chain_->Discard(offset, len);
+}
+absl::Status Image::Resize(uint64_t new_size) {
+  return chain_->Resize(new_size);
 }
 absl::Status Image::Flush() { return chain_->Flush(); }
 absl::Status Image::Close() { return chain_->Close(); }

@@ -124,7 +124,6 @@ absl::Status Qcow2Layer::OpenForWriting(const OpenOptions& opts) {
     const uint64_t cs = header_.cluster_size();
     map_->l2_cache().Invalidate(offset, cs);
     refcounts_->cache().Invalidate(offset, cs);
-    file_->Discard(offset, cs).IgnoreError();  // advisory
   });
   map_->l2_cache().set_write_hook(
       [](uint64_t, uint32_t) { EmitEvent("l2-update"); });

@@ -59,6 +59,8 @@ class Qcow2Layer : public Layer {
   absl::Status Zero(uint64_t offset, uint64_t len, bool free_clusters);
   absl::Status Flush() override;
   absl::Status Close() override;
+  // Grows the virtual size, reallocating the L1 table if needed.
+  absl::Status Grow(uint64_t new_size);
 
   // Allocates every guest cluster (metadata) and, for kFalloc/kFull, the
   // host space under it. For freshly created images.
@@ -110,6 +112,7 @@ class Qcow2Layer : public Layer {
   bool prepared_ = false;  // dirty bit / autoclear handled
   bool lazy_refcounts_ = false;
   bool closed_ = false;
+  bool marked_corrupt_ = false;  // by Fail(); caches were abandoned
 
   // The most recently decompressed cluster, for small sequential reads.
   uint64_t decompressed_entry_ = 0;

@@ -15,6 +15,10 @@ absl::Status Qcow2Layer::Preallocate(Preallocation mode) {
   const uint64_t clusters = DivRoundUp(header_.size, g.cluster_size);
   uint64_t data_end = 0;
   std::vector<std::pair<uint64_t, uint64_t>> runs;  // host offset, bytes
+  // Over a backing file, preallocated subclusters stay unallocated (they
+  // read from the backing file until written), as qemu-img does.
+  const uint64_t bitmap =
+      !g.extended_l2 ? 0 : (header_.backing_file.empty() ? 0xffffffffull : 0);
   for (uint64_t c = 0; c < clusters;) {
     const uint64_t n =
         std::min(clusters - c, g.l2_entries - c % g.l2_entries);
@@ -24,8 +28,7 @@ absl::Status Qcow2Layer::Preallocate(Preallocation mode) {
     RETURN_IF_ERROR(OrderL2AfterAllocation());
     for (uint64_t i = 0; i < n; ++i) {
       ASSIGN_OR_RETURN(L2Ref ref, map_->Lookup(c + i));
-      ref.Set((host + i * g.cluster_size) | kOflagCopied,
-              g.extended_l2 ? 0xffffffffull : 0);
+      ref.Set((host + i * g.cluster_size) | kOflagCopied, bitmap);
     }
     runs.push_back({host, n * g.cluster_size});
     data_end = std::max(data_end, host + n * g.cluster_size);

@@ -32,6 +32,7 @@ absl::Status Qcow2Layer::Fail(absl::Status s) {
     header_.incompatible_features |= kIncompatCorrupt;
     WriteHeaderFields().IgnoreError();
     writable_ = false;
+    marked_corrupt_ = true;
   }
   return s;
 }
@@ -54,6 +55,7 @@ absl::Status Qcow2Layer::PrepareWrite() {
                          : ""));
   }
   if (prepared_) return absl::OkStatus();
+  const Header original = header_;
   bool changed = false;
   // We maintain no autoclear feature (bitmaps, raw data file): clear the
   // bits so readers know those structures may be stale after our writes.
@@ -65,7 +67,12 @@ absl::Status Qcow2Layer::PrepareWrite() {
     header_.incompatible_features |= kIncompatDirty;
     changed = true;
   }
-  if (changed) RETURN_IF_ERROR(WriteHeaderFields());
+  if (changed) {
+    if (absl::Status s = WriteHeaderFields(); !s.ok()) {
+      header_ = original;  // try again on the next write
+      return s;
+    }
+  }
   prepared_ = true;
   return absl::OkStatus();
 }
@@ -149,8 +156,13 @@ absl::StatusOr<L2Ref> Qcow2Layer::L2ForWrite(uint64_t cluster) {
   RETURN_IF_ERROR(cache.SetDependency(&refcounts_->cache()));
   RETURN_IF_ERROR(cache.Flush());
   RETURN_IF_ERROR(file_->Flush());
+  // If the L1 write fails, memory must keep agreeing with the disk, or
+  // later writes would land in a table no durable L1 entry names.
   map_->SetL1(idx, table | kOflagCopied);
-  RETURN_IF_ERROR(WriteL1Entry(idx));
+  if (absl::Status s = WriteL1Entry(idx); !s.ok()) {
+    map_->SetL1(idx, l1e);
+    return s;
+  }
   if (old_table != 0) {
     RETURN_IF_ERROR(file_->Flush());
     RETURN_IF_ERROR(refcounts_->Update(old_table, g.cluster_size, -1));
@@ -282,6 +294,9 @@ absl::Status Qcow2Layer::WriteCluster(uint64_t cluster, uint64_t in_cluster,
     // Unallocated or zero subclusters: take a cluster, write only the
     // subclusters touched.
     ASSIGN_OR_RETURN(uint64_t fresh, refcounts_->Allocate(1));
+    // Set up the ordering first: doing so may write the L2 cache out, which
+    // must not happen while the slice holds the staged entry below.
+    RETURN_IF_ERROR(OrderL2AfterAllocation());
     L2Ref staged = ref;
     // Write data before publishing: use the entry's current bitmap with the
     // new host offset (no subcluster of it is allocated yet).
@@ -331,7 +346,55 @@ absl::Status Qcow2Layer::Write(uint64_t offset, absl::Span<const uint8_t> data) 
   return absl::OkStatus();
 }
 
+absl::Status Qcow2Layer::Grow(uint64_t new_size) {
+  RETURN_IF_ERROR(PrepareWrite());
+  const Geometry& g = map_->geometry();
+  const uint64_t needed =
+      RequiredL1Entries(new_size, g.cluster_bits, g.entry_size);
+  if (needed * 8 > kMaxL1Bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        file_->name(), ": size ", new_size, " needs an L1 table over 32 MiB"));
+  }
+  if (needed <= map_->l1().size()) {
+    header_.size = new_size;
+    return WriteHeaderFields();
+  }
+  // A new, larger L1 table: written and durable (with its refcounts) before
+  // one header write switches l1_size and l1_table_offset together; the old
+  // table is freed last.
+  EmitEvent("l1-grow");
+  const uint64_t clusters = DivRoundUp(needed * 8, g.cluster_size);
+  ASSIGN_OR_RETURN(uint64_t table, refcounts_->Allocate(clusters));
+  std::vector<uint64_t> l1 = map_->l1();
+  l1.resize(needed, 0);
+  std::vector<uint8_t> raw(clusters * g.cluster_size, 0);
+  for (uint64_t i = 0; i < needed; ++i) StoreBE64(&raw[i * 8], l1[i]);
+  absl::Status s = file_->WriteAt(table, raw);
+  if (s.ok()) s = refcounts_->cache().Flush();
+  if (s.ok()) s = file_->Flush();
+  if (!s.ok()) return Fail(std::move(s));
+  const Header old_header = header_;
+  const uint64_t old_offset = header_.l1_table_offset;
+  const uint64_t old_bytes = uint64_t{header_.l1_size} * 8;
+  header_.l1_size = static_cast<uint32_t>(needed);
+  header_.l1_table_offset = table;
+  header_.size = new_size;
+  s = WriteHeaderFields();
+  if (!s.ok()) {
+    header_ = old_header;  // the new table stays allocated: a leak at most
+    return Fail(std::move(s));
+  }
+  map_->ReplaceL1(std::move(l1), table);
+  if (old_bytes > 0) return refcounts_->Update(old_offset, old_bytes, -1);
+  return absl::OkStatus();
+}
+
 absl::Status Qcow2Layer::Flush() {
+  if (marked_corrupt_) {
+    return absl::DataLossError(absl::StrCat(
+        file_->name(), " was marked corrupt after an inconsistency; writes "
+                       "not flushed before that are lost"));
+  }
   if (!writable_ || closed_) return absl::OkStatus();
   absl::Status s = map_->l2_cache().Flush();
   if (s.ok()) s = refcounts_->Flush();

@@ -109,6 +109,25 @@ absl::Status FaultFile::Truncate(uint64_t size) {
   return absl::OkStatus();
 }
 
+absl::Status FaultFile::Discard(uint64_t offset, uint64_t len) {
+  if (read_only_) {
+    return absl::PermissionDeniedError(absl::StrCat(name_, " is read-only"));
+  }
+  std::lock_guard<std::mutex> lock(disk_->mu);
+  if (absl::Status s = Op("discard"); !s.ok()) return s;
+  for (auto* bytes : {&disk_->current, &disk_->durable}) {
+    if (offset >= bytes->size()) continue;
+    uint64_t n = std::min<uint64_t>(len, bytes->size() - offset);
+    std::memset(bytes->data() + offset, 0, n);
+  }
+  for (auto& [off, bytes] : disk_->pending) {
+    for (uint64_t i = 0; i < bytes.size(); ++i) {
+      if (off + i >= offset && off + i < offset + len) bytes[i] = 0;
+    }
+  }
+  return absl::OkStatus();
+}
+
 std::shared_ptr<FaultDisk> FaultFileSystem::Disk(const std::string& path) {
   std::lock_guard<std::mutex> lock(mu_);
   auto& d = disks_[path];

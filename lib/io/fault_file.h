@@ -52,6 +52,9 @@ class FaultFile : public File {
   absl::Status Flush() override;
   absl::StatusOr<uint64_t> Size() override;
   absl::Status Truncate(uint64_t size) override;
+  // Punching a hole: modelled as zeros that are durable at once (the worst
+  // case for anyone who still points at the bytes).
+  absl::Status Discard(uint64_t offset, uint64_t len) override;
   const std::string& name() const override { return name_; }
 
  private:

@@ -95,10 +95,13 @@ absl::Status PosixFile::WriteAt(uint64_t offset,
   uint64_t start = AlignDown(offset, alignment_);
   uint64_t end = AlignUp(offset + data.size(), alignment_);
   AlignedBuffer bounce(end - start, alignment_);
-  if (start != offset) {
+  const bool head_partial =
+      start != offset || offset + data.size() < start + alignment_;
+  const bool tail_partial = end != offset + data.size();
+  if (head_partial) {
     RETURN_IF_ERROR(RawRead(start, bounce.data(), alignment_));
   }
-  if (end != offset + data.size() && end - alignment_ >= start + alignment_) {
+  if (tail_partial && !(head_partial && end - alignment_ == start)) {
     RETURN_IF_ERROR(
         RawRead(end - alignment_, bounce.data() + (end - alignment_ - start),
                 alignment_));

@@ -184,10 +184,19 @@ absl::StatusOr<bool> Refcounts::EnsureBlock(uint64_t cluster) {
     NoteEnd(b + 1);
     // The block (and the count that covers it) must be durable before the
     // table points at it.
-    RETURN_IF_ERROR(cache_.Flush());
-    RETURN_IF_ERROR(file_->Flush());
-    table_[idx] = b << cluster_bits_;
-    RETURN_IF_ERROR(WriteTableEntry(idx));
+    absl::Status s = cache_.Flush();
+    if (s.ok()) s = file_->Flush();
+    if (s.ok()) {
+      table_[idx] = b << cluster_bits_;
+      s = WriteTableEntry(idx);
+      if (!s.ok()) table_[idx] = 0;
+    }
+    if (!s.ok()) {
+      // The block is not linked: forget it, or a later write-back could
+      // land on the cluster after it has been given to someone else.
+      cache_.Invalidate(b << cluster_bits_, cluster_size_);
+      return s;
+    }
     return true;
   }
 }
@@ -321,6 +330,9 @@ absl::Status Refcounts::Flush() {
 void Refcounts::ReleaseQuarantine() {
   for (const auto& [s, e] : pending_release_) {
     free_hint_ = std::min(free_hint_, s);
+    // Only now, with no durable pointer left to them, give the bytes back
+    // to the file system (advisory).
+    file_->Discard(s << cluster_bits_, (e - s) << cluster_bits_).IgnoreError();
   }
   pending_release_.clear();
 }

@@ -69,7 +69,8 @@ class Refcounts {
   // Writes dirty refcount blocks (not the file flush) and lets clusters
   // freed before this call be reused once the caller has flushed the file.
   absl::Status Flush();
-  // Called by the owner after the file flush that followed Flush().
+  // Called by the owner after the file flush that followed Flush(): freed
+  // clusters become reusable and their bytes are discarded.
   void ReleaseQuarantine();
 
   // Highest cluster index + 1 that has ever been in use or allocated: the

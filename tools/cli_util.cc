@@ -1,0 +1,224 @@
+#include "tools/cli_util.h"
+
+#include <getopt.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+
+namespace qcow2::tool {
+
+namespace {
+
+// Multiplier for a size suffix, or 0 when `c` is not one.
+uint64_t SuffixMultiplier(char c) {
+  switch (c) {
+    case 'b':
+    case 'B':
+      return 1;
+    case 'k':
+    case 'K':
+      return 1ull << 10;
+    case 'm':
+    case 'M':
+      return 1ull << 20;
+    case 'g':
+    case 'G':
+      return 1ull << 30;
+    case 't':
+    case 'T':
+      return 1ull << 40;
+    case 'p':
+    case 'P':
+      return 1ull << 50;
+    case 'e':
+    case 'E':
+      return 1ull << 60;
+    default:
+      return 0;
+  }
+}
+
+// Debian's Abseil has its own string_view type.
+absl::string_view AV(std::string_view s) { return {s.data(), s.size()}; }
+
+bool IsDigit(char c) { return c >= '0' && c <= '9'; }
+
+int HexValue(char c) {
+  if (IsDigit(c)) return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+constexpr uint64_t kMaxSize = std::numeric_limits<int64_t>::max();
+
+absl::Status InvalidSize(std::string_view text) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "invalid size '", AV(text),
+      "': expected a number with an optional suffix (b, k, M, G, T, P, E) "
+      "or a 0x hex number"));
+}
+
+absl::Status SizeTooLarge(std::string_view text) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "size '", AV(text), "' is too large (the maximum is 8 EiB - 1 byte)"));
+}
+
+absl::StatusOr<uint64_t> ParseHex(std::string_view text) {
+  if (text.size() <= 2) return InvalidSize(text);
+  uint64_t v = 0;
+  for (char c : text.substr(2)) {
+    int d = HexValue(c);
+    if (d < 0) return InvalidSize(text);
+    if (v > (kMaxSize >> 4)) return SizeTooLarge(text);
+    v = (v << 4) | static_cast<uint64_t>(d);
+  }
+  if (v > kMaxSize) return SizeTooLarge(text);
+  return v;
+}
+
+}  // namespace
+
+int UsageError(TextArg usage, TextArg message) {
+  const std::string_view m = message.view(), u = usage.view();
+  if (!m.empty()) {
+    std::fprintf(stderr, "qcowtool: %.*s\n", static_cast<int>(m.size()),
+                 m.data());
+  }
+  std::fwrite(u.data(), 1, u.size(), stderr);
+  return kExitUsage;
+}
+
+int ReportError(const absl::Status& status) {
+  std::string msg(status.message());
+  if (msg.empty()) msg = status.ToString();
+  std::fprintf(stderr, "qcowtool: %s\n", msg.c_str());
+  return kExitImageError;
+}
+
+int PrintHelp(TextArg usage) {
+  const std::string_view u = usage.view();
+  std::fwrite(u.data(), 1, u.size(), stdout);
+  return kExitOk;
+}
+
+void ResetGetopt() {
+  // glibc: 0 reinitialises the scanner completely (including its
+  // argument permutation state); the next argument scanned is argv[1].
+  optind = 0;
+  opterr = 1;
+}
+
+absl::StatusOr<uint64_t> ParseSize(std::string_view text) {
+  if (text.empty()) return InvalidSize(text);
+  if (text[0] == '0' && text.size() > 1 && (text[1] == 'x' || text[1] == 'X')) {
+    return ParseHex(text);
+  }
+  size_t i = 0;
+  uint64_t whole = 0;
+  while (i < text.size() && IsDigit(text[i])) {
+    uint64_t d = static_cast<uint64_t>(text[i] - '0');
+    if (whole > (std::numeric_limits<uint64_t>::max() - d) / 10) {
+      return SizeTooLarge(text);
+    }
+    whole = whole * 10 + d;
+    ++i;
+  }
+  if (i == 0) return InvalidSize(text);
+  // Fraction: up to 18 digits are significant (more cannot change the
+  // result by a whole byte below 8 EiB).
+  uint64_t frac = 0, frac_scale = 1;
+  if (i < text.size() && text[i] == '.') {
+    ++i;
+    while (i < text.size() && IsDigit(text[i])) {
+      if (frac_scale < 1000000000000000000ull) {
+        frac = frac * 10 + static_cast<uint64_t>(text[i] - '0');
+        frac_scale *= 10;
+      }
+      ++i;
+    }
+  }
+  uint64_t mul = 1;
+  if (i < text.size()) {
+    mul = SuffixMultiplier(text[i]);
+    if (mul == 0) return InvalidSize(text);
+    ++i;
+  }
+  if (i != text.size()) return InvalidSize(text);
+  if (mul == 1 && frac != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "invalid size '", AV(text),
+        "': a fractional size needs a unit suffix (k, M, G, T, P, E)"));
+  }
+  using u128 = unsigned __int128;
+  u128 value = static_cast<u128>(whole) * mul +
+               (static_cast<u128>(frac) * mul + frac_scale / 2) / frac_scale;
+  if (value > kMaxSize) return SizeTooLarge(text);
+  return static_cast<uint64_t>(value);
+}
+
+std::string FormatSize(uint64_t bytes) {
+  // QEMU's size_to_str(): the correction by 1000/1024 switches to the next
+  // unit once the integer part would reach 1000.
+  static const char* const kSuffixes[] = {"",   "Ki", "Mi", "Gi",
+                                          "Ti", "Pi", "Ei"};
+  int exp = 0;
+  std::frexp(static_cast<double>(bytes) / (1000.0 / 1024.0), &exp);
+  int unit = (exp - 1) / 10;
+  if (unit < 0) unit = 0;
+  if (unit > 6) unit = 6;
+  double div = static_cast<double>(1ull << (unit * 10));
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%0.3g %sB", static_cast<double>(bytes) / div,
+                kSuffixes[unit]);
+  return buf;
+}
+
+absl::StatusOr<OutputFormat> ParseOutputFormat(std::string_view text) {
+  if (text == "human") return OutputFormat::kHuman;
+  if (text == "json") return OutputFormat::kJson;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--output must be 'human' or 'json', not '", AV(text), "'"));
+}
+
+absl::Status CheckImageFormat(std::string_view text) {
+  if (text == "qcow2" || text == "raw") return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown image format '", AV(text), "' (qcow2 and raw are supported)"));
+}
+
+std::string QemuPathCombine(std::string_view image_name,
+                            std::string_view backing) {
+  if (!backing.empty() && backing[0] == '/') return std::string(backing);
+  size_t slash = image_name.rfind('/');
+  std::string_view dir =
+      slash == std::string_view::npos ? "" : image_name.substr(0, slash + 1);
+  return absl::StrCat(AV(dir), AV(backing));
+}
+
+std::vector<std::string> QemuChainNames(const std::string& top,
+                                        const std::vector<LayerInfo>& chain) {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < chain.size(); ++i) {
+    names.push_back(
+        i == 0 ? top
+               : QemuPathCombine(names[i - 1], chain[i - 1].backing_file));
+  }
+  return names;
+}
+
+absl::StatusOr<uint64_t> AllocatedFileSize(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    int err = errno;
+    return absl::ErrnoToStatus(err, absl::StrCat("stat ", path));
+  }
+  return static_cast<uint64_t>(st.st_blocks) * 512;
+}
+
+}  // namespace qcow2::tool

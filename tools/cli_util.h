@@ -1,0 +1,105 @@
+// Helpers shared by qcowtool's commands: exit codes, usage and error
+// reporting, qemu-style size parsing and printing, option values.
+//
+// Every command follows the same conventions:
+//   exit 0  success (also for CMD --help);
+//   exit 1  wrong arguments: the message and the command's usage go to
+//           stderr (UsageError);
+//   exit 2  the image could not be opened, read or written: one line
+//           "qcowtool: <message>" on stderr (ReportError).
+#ifndef QCOW2_TOOLS_CLI_UTIL_H_
+#define QCOW2_TOOLS_CLI_UTIL_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "qcow2/image.h"
+#include "tools/json_writer.h"
+
+namespace qcow2::tool {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitUsage = 1;
+inline constexpr int kExitImageError = 2;
+
+// The lines every command's usage ends with.
+inline constexpr char kExitStatusHelp[] =
+    "Exit status: 0 on success, 1 for wrong arguments, 2 when the image\n"
+    "cannot be opened, read or written.\n";
+
+// A read-only string argument: accepts std::string, std::string_view,
+// C strings and absl::string_view alike (Debian's Abseil has its own
+// string_view type, so status.message() is not a std::string_view).
+class TextArg {
+ public:
+  TextArg(const char* s) : view_(s) {}                         // NOLINT
+  TextArg(const std::string& s) : view_(s) {}                  // NOLINT
+  TextArg(std::string_view s) : view_(s) {}                    // NOLINT
+  TextArg(absl::string_view s) : view_(s.data(), s.size()) {}  // NOLINT
+  std::string_view view() const { return view_; }
+
+ private:
+  std::string_view view_;
+};
+
+// Prints "qcowtool: <message>" (when `message` is not empty) and then
+// `usage` to stderr. Returns kExitUsage.
+int UsageError(TextArg usage, TextArg message);
+
+// Prints "qcowtool: <status message>" to stderr. Returns kExitImageError.
+int ReportError(const absl::Status& status);
+
+// Prints `usage` to stdout (for --help). Returns kExitOk.
+int PrintHelp(TextArg usage);
+
+// Makes the next getopt_long() call start afresh at argv[1] (commands are
+// called with argv[0] set to the command name).
+void ResetGetopt();
+
+// Parses a size the way qemu-img and qemu-io do: a decimal number with an
+// optional suffix b/B (bytes), k/K, m/M, g/G, t/T, p/P, e/E (powers of
+// 1024), a decimal fraction before a suffix other than b ("1.5G"), or a
+// hex number with a 0x prefix and no suffix. Errors are kInvalidArgument
+// naming the text: garbage, negative numbers, a fraction without a unit,
+// or a value above INT64_MAX (QEMU's limit).
+absl::StatusOr<uint64_t> ParseSize(std::string_view text);
+
+// Formats a byte count like QEMU's size_to_str(): three significant
+// digits and a binary unit, e.g. "0 B", "512 B", "1 MiB", "264 KiB",
+// "1.5 GiB", "10 GiB".
+std::string FormatSize(uint64_t bytes);
+
+enum class OutputFormat { kHuman, kJson };
+
+// Parses an --output value ("human" or "json").
+absl::StatusOr<OutputFormat> ParseOutputFormat(std::string_view text);
+
+// Validates a -f value: "qcow2" or "raw".
+absl::Status CheckImageFormat(std::string_view text);
+
+// Combines a backing file name with the name of the image that refers to
+// it as QEMU does (path_combine): absolute names are kept, relative ones
+// get `image_name`'s directory part up to and including the last '/'
+// ("b.qcow2" + "a.qcow2" -> "a.qcow2", "d/b.qcow2" + "../a" -> "d/../a").
+std::string QemuPathCombine(std::string_view image_name,
+                            std::string_view backing);
+
+// The names QEMU shows for the files of a chain, top first: `top` as given,
+// then each backing file combined with the name of the image above it.
+// (LayerInfo::filename is the path libqcow2 opened, which may differ in
+// spelling, e.g. "./a.qcow2" for "a.qcow2".)
+std::vector<std::string> QemuChainNames(const std::string& top,
+                                        const std::vector<LayerInfo>& chain);
+
+// st_blocks * 512 of `path`: the space the file takes on disk, as
+// qemu-img's "actual-size". Errors from stat() name the path.
+absl::StatusOr<uint64_t> AllocatedFileSize(const std::string& path);
+
+}  // namespace qcow2::tool
+
+#endif  // QCOW2_TOOLS_CLI_UTIL_H_

@@ -1,0 +1,135 @@
+// qcowtool info: facts about an image (and its backing chain), printed as
+// `qemu-img info` prints them.
+#include <getopt.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "qcow2/image.h"
+#include "tools/cli_util.h"
+#include "tools/commands.h"
+#include "tools/image_info.h"
+
+namespace qcow2::tool {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: qcowtool info [--output=human|json] [--backing-chain] [-f FMT] "
+    "IMAGE\n"
+    "\n"
+    "Shows the format, sizes, backing file and format-specific facts of\n"
+    "IMAGE, as 'qemu-img info' does. Internal snapshots are counted\n"
+    "(\"snapshots\": N), not listed.\n"
+    "\n"
+    "  --output=human   text (default)\n"
+    "  --output=json    a JSON object (an array of them with\n"
+    "                   --backing-chain), top image first\n"
+    "  --backing-chain  also every file of the backing chain; without it\n"
+    "                   the backing file is not opened at all\n"
+    "  -f FMT           format of IMAGE: qcow2 or raw (default: probe)\n"
+    "  -h, --help       show this help\n"
+    "\n";
+
+std::string Usage() { return std::string(kUsage) + kExitStatusHelp; }
+
+struct InfoArgs {
+  OutputFormat output = OutputFormat::kHuman;
+  bool backing_chain = false;
+  std::string format;
+  std::string image;
+};
+
+// Returns -1 when parsed, else the exit status to return.
+int ParseArgs(int argc, char** argv, InfoArgs* args) {
+  enum { kOutput = 256, kBackingChain };
+  static const option kOptions[] = {
+      {"output", required_argument, nullptr, kOutput},
+      {"backing-chain", no_argument, nullptr, kBackingChain},
+      {"format", required_argument, nullptr, 'f'},
+      {"help", no_argument, nullptr, 'h'},
+      {nullptr, 0, nullptr, 0},
+  };
+  ResetGetopt();
+  int c;
+  while ((c = getopt_long(argc, argv, "f:h", kOptions, nullptr)) != -1) {
+    switch (c) {
+      case 'h':
+        return PrintHelp(Usage());
+      case 'f':
+        if (auto s = CheckImageFormat(optarg); !s.ok()) {
+          return UsageError(Usage(), s.message());
+        }
+        args->format = optarg;
+        break;
+      case kOutput: {
+        auto f = ParseOutputFormat(optarg);
+        if (!f.ok()) return UsageError(Usage(), f.status().message());
+        args->output = *f;
+        break;
+      }
+      case kBackingChain:
+        args->backing_chain = true;
+        break;
+      default:
+        return UsageError(Usage(), "");
+    }
+  }
+  if (optind >= argc) return UsageError(Usage(), "expecting an image name");
+  if (optind + 1 < argc) {
+    return UsageError(
+        Usage(), std::string("unexpected argument '") + argv[optind + 1] + "'");
+  }
+  args->image = argv[optind];
+  return -1;
+}
+
+}  // namespace
+
+int RunInfo(int argc, char** argv) {
+  InfoArgs args;
+  if (int rc = ParseArgs(argc, argv, &args); rc >= 0) return rc;
+
+  OpenOptions opts;
+  opts.format = args.format;
+  // Like qemu-img, plain `info` neither needs nor opens the backing file.
+  opts.open_backing = args.backing_chain;
+  auto image = Image::Open(args.image, opts);
+  if (!image.ok()) return ReportError(image.status());
+  std::vector<LayerInfo> chain = (*image)->GetChainInfo();
+  if (!args.backing_chain) chain.resize(1);
+  const std::vector<std::string> names = QemuChainNames(args.image, chain);
+
+  std::vector<ImageFacts> facts;
+  for (size_t i = 0; i < chain.size(); ++i) {
+    ImageFacts f{chain[i], names[i], std::nullopt};
+    if (auto size = AllocatedFileSize(names[i]); size.ok()) {
+      f.actual_size = *size;
+    }
+    facts.push_back(std::move(f));
+  }
+
+  std::string out;
+  if (args.output == OutputFormat::kJson) {
+    if (args.backing_chain) {
+      Json list = Json::Array();
+      for (const ImageFacts& f : facts) list.Append(ImageInfoJson(f));
+      out = ToJson(list, JsonStyle::kQemuPretty);
+    } else {
+      out = ToJson(ImageInfoJson(facts[0]), JsonStyle::kQemuPretty);
+    }
+    out.push_back('\n');
+  } else {
+    for (size_t i = 0; i < facts.size(); ++i) {
+      if (i > 0) out.push_back('\n');
+      out += ImageInfoHuman(facts[i]);
+    }
+  }
+  if (std::fwrite(out.data(), 1, out.size(), stdout) != out.size() ||
+      std::fflush(stdout) != 0) {
+    return ReportError(absl::InternalError("cannot write to stdout"));
+  }
+  return kExitOk;
+}
+
+}  // namespace qcow2::tool

@@ -1,0 +1,188 @@
+// qcowtool map: where each range of the virtual disk comes from, printed
+// exactly as `qemu-img map` prints it.
+#include <getopt.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "qcow2/image.h"
+#include "tools/cli_util.h"
+#include "tools/commands.h"
+#include "tools/map_walk.h"
+
+namespace qcow2::tool {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: qcowtool map [--output=human|json] [-f FMT] "
+    "[--start-offset=OFFSET]\n"
+    "                    [--max-length=LEN] IMAGE\n"
+    "\n"
+    "Shows how the virtual disk of IMAGE (through its backing chain) maps\n"
+    "to the image files, as 'qemu-img map' does.\n"
+    "\n"
+    "  --output=human   a table of the data ranges: offset, length, host\n"
+    "                   offset and file (default); fails on compressed\n"
+    "                   clusters, which have no host offset\n"
+    "  --output=json    one object per range: start, length, depth,\n"
+    "                   present, zero, data and offset (when known)\n"
+    "  -f FMT           format of IMAGE: qcow2 or raw (default: probe)\n"
+    "  --start-offset=OFFSET, --max-length=LEN\n"
+    "                   map only that part (sizes like 4k, 1M, 0x1000)\n"
+    "  -h, --help       show this help\n"
+    "\n";
+
+struct MapArgs {
+  OutputFormat output = OutputFormat::kHuman;
+  std::string format;
+  uint64_t start = 0;
+  std::optional<uint64_t> max_length;
+  std::string image;
+};
+
+std::string Usage() { return std::string(kUsage) + kExitStatusHelp; }
+
+// Returns -1 when parsed, else the exit status to return.
+int ParseArgs(int argc, char** argv, MapArgs* args) {
+  enum { kOutput = 256, kStart, kMaxLength };
+  static const option kOptions[] = {
+      {"output", required_argument, nullptr, kOutput},
+      {"start-offset", required_argument, nullptr, kStart},
+      {"max-length", required_argument, nullptr, kMaxLength},
+      {"format", required_argument, nullptr, 'f'},
+      {"help", no_argument, nullptr, 'h'},
+      {nullptr, 0, nullptr, 0},
+  };
+  ResetGetopt();
+  int c;
+  while ((c = getopt_long(argc, argv, "f:h", kOptions, nullptr)) != -1) {
+    switch (c) {
+      case 'h':
+        return PrintHelp(Usage());
+      case 'f':
+        if (auto s = CheckImageFormat(optarg); !s.ok()) {
+          return UsageError(Usage(), s.message());
+        }
+        args->format = optarg;
+        break;
+      case kOutput: {
+        auto f = ParseOutputFormat(optarg);
+        if (!f.ok()) return UsageError(Usage(), f.status().message());
+        args->output = *f;
+        break;
+      }
+      case kStart:
+      case kMaxLength: {
+        auto v = ParseSize(optarg);
+        if (!v.ok()) return UsageError(Usage(), v.status().message());
+        if (c == kStart) {
+          args->start = *v;
+        } else {
+          args->max_length = *v;
+        }
+        break;
+      }
+      default:
+        return UsageError(Usage(), "");
+    }
+  }
+  if (optind >= argc) return UsageError(Usage(), "expecting an image name");
+  if (optind + 1 < argc) {
+    return UsageError(
+        Usage(), std::string("unexpected argument '") + argv[optind + 1] + "'");
+  }
+  args->image = argv[optind];
+  return -1;
+}
+
+// QEMU's dump_map_entry(). `next` may be modified (human output folds
+// every non-data range into "zero" so that they coalesce). Returns false
+// on the human-output error for ranges without a host offset.
+bool DumpEntry(OutputFormat output, const MapEntry& e, MapEntry* next,
+               const std::vector<std::string>& names) {
+  if (output == OutputFormat::kJson) {
+    std::printf("{ \"start\": %" PRIu64 ", \"length\": %" PRIu64
+                ", \"depth\": %d, \"present\": %s, \"zero\": %s, "
+                "\"data\": %s",
+                e.start, e.length, e.depth, e.present ? "true" : "false",
+                e.zero ? "true" : "false", e.data ? "true" : "false");
+    if (e.offset) std::printf(", \"offset\": %" PRIu64, *e.offset);
+    std::putchar('}');
+    if (next != nullptr) std::puts(",");
+    return true;
+  }
+  if (e.data && !e.offset) {
+    std::fflush(stdout);
+    std::fprintf(stderr,
+                 "qcowtool: File contains external, encrypted or compressed "
+                 "clusters.\n");
+    return false;
+  }
+  if (e.data && !e.zero) {
+    std::printf("%#-16" PRIx64 "%#-16" PRIx64 "%#-16" PRIx64 "%s\n", e.start,
+                e.length, e.offset.value_or(0),
+                e.offset ? names[e.depth].c_str() : "");
+  }
+  if (next != nullptr && (!next->data || next->zero)) {
+    next->data = false;
+    next->zero = true;
+  }
+  return true;
+}
+
+}  // namespace
+
+int RunMap(int argc, char** argv) {
+  MapArgs args;
+  if (int rc = ParseArgs(argc, argv, &args); rc >= 0) return rc;
+
+  OpenOptions opts;
+  opts.format = args.format;
+  auto image = Image::Open(args.image, opts);
+  if (!image.ok()) return ReportError(image.status());
+  const std::vector<std::string> names =
+      QemuChainNames(args.image, (*image)->GetChainInfo());
+  MapWalker walker(image->get(), names);
+
+  uint64_t length = (*image)->size();
+  if (args.max_length) {
+    uint64_t end = args.start + *args.max_length;  // both <= INT64_MAX
+    length = std::min(end, length);
+  }
+  if (args.output == OutputFormat::kHuman) {
+    std::printf("%-16s%-16s%-16s%s\n", "Offset", "Length", "Mapped to", "File");
+  } else {
+    std::putchar('[');
+  }
+  // img_map(): extend the current entry while the next one continues it.
+  MapEntry cur;
+  cur.start = args.start;
+  while (cur.start + cur.length < length) {
+    uint64_t offset = cur.start + cur.length;
+    absl::StatusOr<MapEntry> next = walker.Get(offset, length - offset);
+    if (!next.ok()) {
+      std::fflush(stdout);
+      return ReportError(next.status());
+    }
+    if (Mergeable(cur, *next)) {
+      cur.length += next->length;
+      continue;
+    }
+    if (cur.length > 0 && !DumpEntry(args.output, cur, &*next, names)) {
+      return kExitImageError;
+    }
+    cur = *next;
+  }
+  if (!DumpEntry(args.output, cur, nullptr, names)) return kExitImageError;
+  if (args.output == OutputFormat::kJson) std::puts("]");
+  if (std::fflush(stdout) != 0) {
+    return ReportError(absl::InternalError("cannot write to stdout"));
+  }
+  return kExitOk;
+}
+
+}  // namespace qcow2::tool

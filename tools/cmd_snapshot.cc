@@ -1,0 +1,204 @@
+// qcowtool snapshot: an external snapshot, i.e. a new qcow2 overlay whose
+// backing file is the image. Internal snapshots (qemu-img snapshot -l/-c/
+// -a/-d) are reserved for later.
+#include <getopt.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "tools/cli_util.h"
+#include "tools/commands.h"
+
+namespace qcow2::tool {
+
+// Defined in tools/cmd_create.cc: `qcowtool create` printing `usage` for
+// --help and argument errors.
+int RunCreateWithUsage(int argc, char** argv, const std::string& usage);
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: qcowtool snapshot [-q] [-o OPTIONS] [-F FMT] IMAGE OVERLAY\n"
+    "       qcowtool snapshot -l IMAGE | -c NAME IMAGE | -a NAME IMAGE |\n"
+    "                         -d NAME IMAGE      (not supported yet)\n"
+    "\n"
+    "Takes an external snapshot of IMAGE: creates the qcow2 image OVERLAY\n"
+    "(which must not exist) backed by IMAGE; from then on writes go to\n"
+    "OVERLAY and IMAGE stays as it was. OVERLAY records IMAGE by its bare\n"
+    "name when both are in the same directory, else by its absolute path,\n"
+    "and IMAGE's format (probed unless -F is given). The size is IMAGE's\n"
+    "unless -o size= says otherwise.\n"
+    "\n"
+    "  -o OPTIONS  OVERLAY's creation options, as for 'qcowtool create'\n"
+    "              (cluster_size, extended_l2, compression_type, ...;\n"
+    "              '-o help' lists them)\n"
+    "  -F FMT      format of IMAGE: qcow2 or raw (default: probe)\n"
+    "  -q          do not print the \"Formatting ...\" line\n"
+    "  -l, -c, -a, -d\n"
+    "              internal snapshots (list, create, apply, delete), as in\n"
+    "              'qemu-img snapshot': reserved, they fail with exit 2\n"
+    "  -h, --help  show this help\n"
+    "\n";
+
+std::string Usage() { return std::string(kUsage) + kExitStatusHelp; }
+
+struct SnapshotArgs {
+  std::vector<std::string> option_lists;
+  std::string backing_format;
+  bool quiet = false;
+  bool internal = false;  // -l, -c, -a or -d
+  std::string image;
+  std::string overlay;
+};
+
+// Returns -1 when parsed, else the exit status to return.
+int ParseArgs(int argc, char** argv, SnapshotArgs* args) {
+  static const option kOptions[] = {
+      {"help", no_argument, nullptr, 'h'},
+      {"options", required_argument, nullptr, 'o'},
+      {"backing-format", required_argument, nullptr, 'F'},
+      {"quiet", no_argument, nullptr, 'q'},
+      {nullptr, 0, nullptr, 0},
+  };
+  ResetGetopt();
+  int c;
+  while ((c = getopt_long(argc, argv, "o:F:qlc:a:d:h", kOptions, nullptr)) !=
+         -1) {
+    switch (c) {
+      case 'h':
+        return PrintHelp(Usage());
+      case 'o':
+        args->option_lists.push_back(optarg);
+        break;
+      case 'F':
+        if (auto s = CheckImageFormat(optarg); !s.ok()) {
+          return UsageError(Usage(), s.message());
+        }
+        args->backing_format = optarg;
+        break;
+      case 'q':
+        args->quiet = true;
+        break;
+      case 'l':
+      case 'c':
+      case 'a':
+      case 'd':
+        args->internal = true;
+        break;
+      default:
+        return UsageError(Usage(), "");
+    }
+  }
+  std::vector<std::string> rest(argv + optind, argv + argc);
+  for (const std::string& list : args->option_lists) {
+    if (list == "help" || list == "?") return -1;  // create prints it
+    for (const char* key : {"backing_file", "backing_fmt"}) {
+      if (absl::StrContains(absl::StrCat(",", list), absl::StrCat(",", key))) {
+        return UsageError(Usage(),
+                          absl::StrCat("-o ", key,
+                                       " cannot be used: the "
+                                       "overlay's backing file is IMAGE"));
+      }
+    }
+  }
+  if (args->internal) {
+    if (rest.size() != 1) return UsageError(Usage(), "expecting one image");
+    args->image = rest[0];
+    return -1;
+  }
+  if (rest.size() < 2) {
+    return UsageError(Usage(), "expecting an image and an overlay name");
+  }
+  if (rest.size() > 2) {
+    return UsageError(Usage(),
+                      absl::StrCat("unexpected argument '", rest[2], "'"));
+  }
+  args->image = rest[0];
+  args->overlay = rest[1];
+  return -1;
+}
+
+// The backing name OVERLAY stores for IMAGE: the bare name when both are
+// in the same directory, else IMAGE's absolute path (its directory made
+// canonical; IMAGE itself is not resolved, so a symlink stays a symlink).
+absl::StatusOr<std::string> BackingName(const std::string& image,
+                                        const std::string& overlay) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path image_path(image);
+  fs::path image_dir = image_path.parent_path();
+  if (image_dir.empty()) image_dir = ".";
+  fs::path overlay_dir = fs::path(overlay).parent_path();
+  if (overlay_dir.empty()) overlay_dir = ".";
+  const fs::path canon_image_dir = fs::canonical(image_dir, ec);
+  if (ec) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot open ", image, ": ", ec.message()));
+  }
+  const fs::path canon_overlay_dir = fs::canonical(overlay_dir, ec);
+  if (ec) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot create ", overlay, ": directory ",
+                     overlay_dir.string(), ": ", ec.message()));
+  }
+  if (canon_image_dir == canon_overlay_dir) {
+    return image_path.filename().string();
+  }
+  return (canon_image_dir / image_path.filename()).string();
+}
+
+}  // namespace
+
+int RunSnapshot(int argc, char** argv) {
+  SnapshotArgs args;
+  if (int rc = ParseArgs(argc, argv, &args); rc >= 0) return rc;
+
+  std::vector<std::string> create = {argv[0], "-f", "qcow2"};
+  for (const std::string& list : args.option_lists) {
+    create.push_back("-o");
+    create.push_back(list);
+  }
+  if (args.overlay.empty() && !args.internal) {  // -o help
+    std::vector<char*> cargv;
+    for (std::string& s : create) cargv.push_back(s.data());
+    cargv.push_back(nullptr);
+    return RunCreateWithUsage(static_cast<int>(cargv.size()) - 1, cargv.data(),
+                              Usage());
+  }
+  if (args.internal) {
+    return ReportError(
+        absl::UnimplementedError("internal snapshots are not supported yet"));
+  }
+
+  struct stat st;
+  if (lstat(args.overlay.c_str(), &st) == 0) {
+    return ReportError(absl::AlreadyExistsError(absl::StrCat(
+        args.overlay, " already exists (snapshot never overwrites a file)")));
+  }
+  auto backing = BackingName(args.image, args.overlay);
+  if (!backing.ok()) return ReportError(backing.status());
+
+  create.push_back("-b");
+  create.push_back(*backing);
+  if (!args.backing_format.empty()) {
+    create.push_back("-F");
+    create.push_back(args.backing_format);
+  }
+  if (args.quiet) create.push_back("-q");
+  create.push_back("--");
+  create.push_back(args.overlay);
+  std::vector<char*> cargv;
+  for (std::string& s : create) cargv.push_back(s.data());
+  cargv.push_back(nullptr);
+  return RunCreateWithUsage(static_cast<int>(cargv.size()) - 1, cargv.data(),
+                            Usage());
+}
+
+}  // namespace qcow2::tool

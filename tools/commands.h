@@ -1,0 +1,24 @@
+// qcowtool's command handlers. Each is called with argv[0] set to the
+// command name and the command's own arguments after it, parses them with
+// getopt_long, and returns the process exit status (see tools/cli_util.h:
+// 0 success, 1 wrong arguments, 2 image errors). Every command prints its
+// usage on --help.
+//
+// Adding a command: declare its handler here, define it in its own
+// tools/cmd_NAME.cc, and add one line to the table in tools/main.cc.
+#ifndef QCOW2_TOOLS_COMMANDS_H_
+#define QCOW2_TOOLS_COMMANDS_H_
+
+namespace qcow2::tool {
+
+int RunInfo(int argc, char** argv);
+int RunMap(int argc, char** argv);
+int RunConvert(int argc, char** argv);
+int RunCreate(int argc, char** argv);
+int RunSnapshot(int argc, char** argv);
+int RunIo(int argc, char** argv);
+int RunCheck(int argc, char** argv);
+
+}  // namespace qcow2::tool
+
+#endif  // QCOW2_TOOLS_COMMANDS_H_

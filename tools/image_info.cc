@@ -1,0 +1,132 @@
+#include "tools/image_info.h"
+
+#include "absl/strings/str_cat.h"
+#include "tools/cli_util.h"
+
+namespace qcow2::tool {
+
+namespace {
+
+const char* FormatName(ImageFormat f) {
+  return f == ImageFormat::kQcow2 ? "qcow2" : "raw";
+}
+
+// QEMU's ImageInfoSpecificQCow2, fields in QAPI order (the printed order
+// is QDict order anyway).
+Json Qcow2SpecificData(const LayerInfo& info) {
+  Json data = Json::Object();
+  const bool v3 = info.version >= 3;
+  data.Set("compat", Json::String(v3 ? "1.1" : "0.10"));
+  if (v3) {
+    data.Set("lazy-refcounts", Json::Bool(info.lazy_refcounts));
+    data.Set("corrupt", Json::Bool(info.corrupt));
+  }
+  data.Set("refcount-bits", Json::Uint(info.refcount_bits));
+  data.Set(
+      "compression-type",
+      Json::String(info.compression_type == CompressionType::kZstd ? "zstd"
+                                                                   : "zlib"));
+  if (v3) data.Set("extended-l2", Json::Bool(info.extended_l2));
+  return data;
+}
+
+std::string ScalarText(const Json& v) {
+  switch (v.kind()) {
+    case Json::Kind::kString:
+      return v.string_value();
+    case Json::Kind::kUint:
+      return std::to_string(v.uint_value());
+    case Json::Kind::kBool:
+      return v.bool_value() ? "true" : "false";
+    default:
+      return "";
+  }
+}
+
+// QEMU's dump_qdict(): "key: value" lines in QDict order, dashes in keys
+// shown as spaces, nested containers indented by 4 more.
+void DumpObject(const Json& obj, int indent, std::string* out) {
+  for (const auto* m : QemuMemberOrder(obj)) {
+    std::string key = m->first;
+    for (char& c : key) {
+      if (c == '-') c = ' ';
+    }
+    absl::StrAppend(out, std::string(indent * 4, ' '), key, ":");
+    if (m->second.kind() == Json::Kind::kObject) {
+      out->append("\n");
+      DumpObject(m->second, indent + 1, out);
+    } else {
+      absl::StrAppend(out, " ", ScalarText(m->second), "\n");
+    }
+  }
+}
+
+std::string FullBackingName(const ImageFacts& f) {
+  return QemuPathCombine(f.name, f.info.backing_file);
+}
+
+}  // namespace
+
+Json ImageInfoJson(const ImageFacts& f) {
+  const LayerInfo& info = f.info;
+  const bool qcow2 = info.format == ImageFormat::kQcow2;
+  Json j = Json::Object();
+  j.Set("filename", Json::String(f.name));
+  j.Set("format", Json::String(FormatName(info.format)));
+  j.Set("dirty-flag", Json::Bool(info.dirty));
+  if (f.actual_size) j.Set("actual-size", Json::Uint(*f.actual_size));
+  j.Set("virtual-size", Json::Uint(info.virtual_size));
+  if (qcow2) j.Set("cluster-size", Json::Uint(info.cluster_size));
+  if (!info.backing_file.empty()) {
+    j.Set("backing-filename", Json::String(info.backing_file));
+    j.Set("full-backing-filename", Json::String(FullBackingName(f)));
+    if (!info.backing_format.empty()) {
+      j.Set("backing-filename-format", Json::String(info.backing_format));
+    }
+  }
+  if (info.snapshot_count > 0) {
+    j.Set("snapshots", Json::Uint(info.snapshot_count));
+  }
+  if (qcow2) {
+    Json spec = Json::Object();
+    spec.Set("type", Json::String("qcow2"));
+    spec.Set("data", Qcow2SpecificData(info));
+    j.Set("format-specific", std::move(spec));
+  }
+  return j;
+}
+
+std::string ImageInfoHuman(const ImageFacts& f) {
+  const LayerInfo& info = f.info;
+  std::string out = absl::StrCat(
+      "image: ", f.name, "\n", "file format: ", FormatName(info.format), "\n",
+      "virtual size: ", FormatSize(info.virtual_size), " (", info.virtual_size,
+      " bytes)\n",
+      "disk size: ", f.actual_size ? FormatSize(*f.actual_size) : "unavailable",
+      "\n");
+  if (info.format == ImageFormat::kQcow2) {
+    absl::StrAppend(&out, "cluster_size: ", info.cluster_size, "\n");
+  }
+  if (info.dirty) out.append("cleanly shut down: no\n");
+  if (!info.backing_file.empty()) {
+    absl::StrAppend(&out, "backing file: ", info.backing_file);
+    std::string full = FullBackingName(f);
+    if (full != info.backing_file) {
+      absl::StrAppend(&out, " (actual path: ", full, ")");
+    }
+    out.append("\n");
+    if (!info.backing_format.empty()) {
+      absl::StrAppend(&out, "backing file format: ", info.backing_format, "\n");
+    }
+  }
+  if (info.snapshot_count > 0) {
+    absl::StrAppend(&out, "Snapshot count: ", info.snapshot_count, "\n");
+  }
+  if (info.format == ImageFormat::kQcow2) {
+    out.append("Format specific information:\n");
+    DumpObject(Qcow2SpecificData(info), 1, &out);
+  }
+  return out;
+}
+
+}  // namespace qcow2::tool
