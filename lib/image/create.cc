@@ -62,6 +62,12 @@ absl::Status ValidateCreate(const std::string& path, const CreateOptions& o) {
     return Invalid(path,
                    "extended L2 entries need a cluster size of at least 16k");
   }
+  if (!o.backing_file.empty() && o.preallocation != Preallocation::kOff &&
+      !o.extended_l2) {
+    return Invalid(path,
+                   "backing file and preallocation can only be used together "
+                   "with extended_l2=on");
+  }
   if (o.backing_file.size() > kMaxBackingFileNameSize) {
     return Invalid(path, "backing file name is longer than 1023 bytes");
   }

@@ -20,6 +20,12 @@ const std::vector<uint8_t>& ZeroCluster2M() {
 absl::Status Qcow2Layer::ZeroCluster(uint64_t cluster, bool free_clusters) {
   const Geometry& g = map_->geometry();
   ASSIGN_OR_RETURN(L2Ref ref, map_->Lookup(cluster));
+  if (ref.slice != nullptr &&
+      !(map_->l1()[cluster / g.l2_entries] & kOflagCopied)) {
+    // The table is shared (an internal snapshot uses it too): edit a
+    // private copy, never the shared one.
+    ASSIGN_OR_RETURN(ref, L2ForWrite(cluster));
+  }
   const uint64_t entry = ref.slice ? ref.entry() : 0;
   const uint64_t bitmap = ref.slice ? ref.bitmap() : 0;
   if (entry == 0 && bitmap == 0 && !backing_) return absl::OkStatus();
@@ -122,9 +128,12 @@ absl::Status Qcow2Layer::Zero(uint64_t offset, uint64_t len,
     uint64_t n = std::min<uint64_t>(len - pos, g.cluster_size - in_cluster);
     // The last cluster of an image whose size is not cluster aligned counts
     // as whole when the request reaches the end of the disk.
+    // Without a backing file, the bytes past the end of the disk read as
+    // zeros whatever we do, so a final partial cluster may be zeroed whole.
+    // With one they must keep reading the backing file after a resize.
     const bool whole =
         n == g.cluster_size ||
-        (in_cluster == 0 && cur + n == header_.size);
+        (in_cluster == 0 && cur + n == header_.size && !backing_);
     absl::Status s;
     if (whole) {
       s = ZeroCluster(cluster, free_clusters);

@@ -312,7 +312,10 @@ absl::StatusOr<uint64_t> Refcounts::Allocate(uint64_t n) {
     }
     if (moved) continue;  // a new block may sit inside the run: look again
     RETURN_IF_ERROR(Update(start << cluster_bits_, n << cluster_bits_, 1));
-    if (start == free_hint_) free_hint_ = start + n;
+    // Every cluster below a single-cluster allocation was in use, so the
+    // next search may start past it (releasing freed clusters lowers the
+    // hint again). Without this, each allocation rescans from cluster 0.
+    if (n == 1 || start == free_hint_) free_hint_ = start + n;
     NoteEnd(start + n);
     return start << cluster_bits_;
   }
