@@ -388,6 +388,10 @@ TEST_P(CrashTest, PowerCutAtEveryStep) {
   for (const char* e : {"l2-update", "l2-alloc", "l1-update", "flush"}) {
     EXPECT_GT(cuts_per_event[e], 0) << "no cut during " << e;
   }
+  if (GetParam().bulk != 0) {
+    EXPECT_GT(cuts_per_event["refcount-table-grow"], 0)
+        << "the workload no longer grows the refcount table";
+  }
 }
 
 TEST_P(CrashTest, InjectedErrorsAtEveryStep) {
@@ -428,7 +432,7 @@ INSTANTIATE_TEST_SUITE_P(
         Config{"c512_r64", 512, 64, false, "1.1", 3ull << 20},
         Config{"c4k_v2", 4096, 16, false, "0.10", 3ull << 20},
         Config{"c512_r64_grow", 512, 64, false, "1.1", 3ull << 20,
-               1900ull << 10},
+               1960ull << 10},
         Config{"c64k_lazy", 65536, 16, false, "1.1", 4ull << 20, 0, true}),
     [](const auto& info) { return info.param.name; });
 
