@@ -295,14 +295,20 @@ absl::Status Qcow2Layer::ReadExtent(const Extent& e, uint64_t extent_start,
   if (e.kind != Extent::kCompressed) {
     return Layer::ReadExtent(e, extent_start, offset, buf);
   }
+  return ReadFromCompressed(e.entry, offset, buf);
+}
+
+absl::Status Qcow2Layer::ReadFromCompressed(uint64_t entry, uint64_t offset,
+                                            absl::Span<uint8_t> buf) {
   const Geometry& g = map_->geometry();
-  if (decompressed_.size() != g.cluster_size || decompressed_entry_ != e.entry) {
+  if (decompressed_.size() != g.cluster_size || decompressed_entry_ != entry) {
     decompressed_.resize(g.cluster_size);
     decompressed_entry_ = 0;
-    RETURN_IF_ERROR(ReadCompressed(e.entry, decompressed_.data()));
-    decompressed_entry_ = e.entry;
+    RETURN_IF_ERROR(ReadCompressed(entry, decompressed_.data()));
+    decompressed_entry_ = entry;
   }
-  std::memcpy(buf.data(), decompressed_.data() + (offset & (g.cluster_size - 1)),
+  std::memcpy(buf.data(),
+              decompressed_.data() + (offset & (g.cluster_size - 1)),
               buf.size());
   return absl::OkStatus();
 }

@@ -76,6 +76,10 @@ class Qcow2Layer : public Layer {
   absl::StatusOr<Extent> MapInCluster(const L2Ref& ref, uint64_t offset,
                                       uint64_t max_len);
   absl::Status ReadCompressed(uint64_t entry, uint8_t* cluster_out);
+  // Copies guest bytes out of a compressed cluster through the one-cluster
+  // memo below (decompressing only when the entry differs).
+  absl::Status ReadFromCompressed(uint64_t entry, uint64_t offset,
+                                  absl::Span<uint8_t> buf);
 
   absl::Status OpenForWriting(const OpenOptions& opts);
   // Recomputes every refcount from the metadata (dirty images).

@@ -175,11 +175,8 @@ absl::Status Qcow2Layer::ReadOld(uint64_t entry, uint64_t bitmap,
   const Geometry& g = map_->geometry();
   if (buf.empty()) return absl::OkStatus();
   if (entry & kOflagCompressed) {
-    std::vector<uint8_t> cluster(g.cluster_size);
-    RETURN_IF_ERROR(ReadCompressed(entry, cluster.data()));
-    std::memcpy(buf.data(), cluster.data() + (offset & (g.cluster_size - 1)),
-                buf.size());
-    return absl::OkStatus();
+    // Head and tail of one copy-on-write share a single decompression.
+    return ReadFromCompressed(entry, offset, buf);
   }
   const uint64_t host = entry & kEntryOffsetMask;
   uint64_t pos = 0;
