@@ -7,9 +7,12 @@
 //   std::vector<uint8_t> buf(4096);
 //   absl::Status s = (*image)->Read(0, absl::MakeSpan(buf));
 //
-// Threading: every method may be called from several threads at once; the
-// image serialises what must be serialised internally. Close() must not
-// race with any other call.
+// Threading: every method may be called from several threads at once.
+// Requests to different guest clusters run in parallel; overlapping ones
+// are ordered (see qcow2/queue.h for the full contract, which the
+// synchronous calls share: each is a request on a per-thread queue that
+// runs its I/O synchronously). Close(), Resize() and CreateOverlay() must
+// not race with requests in flight on any Queue.
 #ifndef QCOW2_IMAGE_H_
 #define QCOW2_IMAGE_H_
 
@@ -24,6 +27,8 @@
 #include "absl/types/span.h"
 #include "qcow2/file.h"
 #include "qcow2/options.h"
+#include "qcow2/queue.h"
+#include "qcow2/stats.h"
 
 namespace qcow2 {
 
@@ -151,6 +156,15 @@ class Image {
 
   // Facts about each file of the chain, top first.
   std::vector<LayerInfo> GetChainInfo() const;
+
+  // A new asynchronous queue on this image (see qcow2/queue.h). Fails on a
+  // closed image.
+  absl::StatusOr<std::unique_ptr<Queue>> CreateQueue(
+      const QueueOptions& opts = {});
+
+  // Counters summed over every queue ever created on this image and the
+  // synchronous calls, since Open.
+  IoStats GetStats() const;
 
  private:
   explicit Image(std::unique_ptr<internal::Chain> chain);
