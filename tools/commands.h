@@ -18,6 +18,7 @@ int RunCreate(int argc, char** argv);
 int RunSnapshot(int argc, char** argv);
 int RunIo(int argc, char** argv);
 int RunCheck(int argc, char** argv);
+int RunBench(int argc, char** argv);
 
 }  // namespace qcow2::tool
 

@@ -28,6 +28,7 @@ constexpr Command kCommands[] = {
     {"snapshot", RunSnapshot, "create an overlay backed by an image"},
     {"io", RunIo, "read, write, discard and check data (like qemu-io)"},
     {"check", RunCheck, "check (and repair) an image's refcounts and metadata"},
+    {"bench", RunBench, "measure I/O performance and amplification"},
 };
 
 std::string Usage() {

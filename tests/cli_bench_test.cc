@@ -1,0 +1,457 @@
+// qcowtool bench: short runs of every workload with --output=json, checked
+// for shape and internal consistency (never for speed), option errors, the
+// SVG chart, and the tool's latency histogram and chart renderer.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "qcow2/image.h"
+#include "tests/util/json_lite.h"
+#include "tests/util/test_util.h"
+#include "tools/bench_output.h"
+#include "tools/bench_runner.h"
+#include "tools/bench_setup.h"
+#include "tools/bench_svg.h"
+
+// The tool's helpers are not part of any library target: compile them in.
+#include "tools/bench_output.cc"    // NOLINT(build/include)
+#include "tools/bench_progress.cc"  // NOLINT(build/include)
+#include "tools/bench_runner.cc"    // NOLINT(build/include)
+#include "tools/bench_setup.cc"     // NOLINT(build/include)
+#include "tools/bench_svg.cc"       // NOLINT(build/include)
+#include "tools/cli_util.cc"        // NOLINT(build/include)
+#include "tools/json_writer.cc"     // NOLINT(build/include)
+
+namespace qcow2::tool::bench {
+namespace {
+
+using ::qcow2::testing::CommandResult;
+using ::qcow2::testing::TempDir;
+namespace json = ::qcow2::testing::json;
+
+CommandResult RunCmd(const std::vector<std::string>& argv) {
+  return ::qcow2::testing::Run(argv);
+}
+
+std::string Qcowtool() {
+#ifdef QCOWTOOL_BIN
+  return QCOWTOOL_BIN;
+#else
+  return ::qcow2::testing::QcowtoolPath();
+#endif
+}
+
+// "--cache=none" where the scratch file system takes O_DIRECT, else
+// "--cache=writeback" (tmpfs on older kernels).
+std::string CacheFlag(const std::string& dir) {
+  const std::string probe = dir + "/odirect-probe";
+  int fd = open(probe.c_str(), O_CREAT | O_RDWR | O_DIRECT, 0644);
+  if (fd >= 0) close(fd);
+  unlink(probe.c_str());
+  return fd >= 0 ? "--cache=none" : "--cache=writeback";
+}
+
+// Runs `qcowtool bench ARGS -q --output=json --dir DIR` and parses stdout.
+json::Value RunJson(const TempDir& dir, std::vector<std::string> args) {
+  std::vector<std::string> argv = {Qcowtool(), "bench"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  for (const char* a : {"-q", "--output=json"}) argv.push_back(a);
+  if (args.empty() || args[0] != "pattern") {
+    argv.push_back("--dir=" + dir.path());
+    argv.push_back(CacheFlag(dir.path()));
+  }
+  CommandResult r = RunCmd(argv);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  auto v = json::Parse(r.out);
+  EXPECT_TRUE(v.ok()) << v.status() << "\n" << r.out;
+  return v.ok() ? *v : json::Value();
+}
+
+bool DirEmpty(const std::string& dir) { return std::filesystem::is_empty(dir); }
+
+double Num(const json::Value& row, const char* key) {
+  return row[key].as_double();
+}
+
+// The rate and I/O columns every timed row has, and their consistency:
+// amplification = host_write_bytes / guest_bytes as printed (null when the
+// counters saw no guest bytes, and always for reads).
+void CheckRow(const json::Value& row, const std::string& op) {
+  for (const char* key :
+       {"ops", "seconds", "iops", "mb_per_s", "lat_p50_us", "lat_p99_us",
+        "guest_bytes", "host_read_bytes", "host_write_bytes",
+        "write_amplification", "cow_read_per_guest_byte"}) {
+    EXPECT_NE(row.Find(key), nullptr) << key << " missing: " << row.ToString();
+  }
+  EXPECT_GT(Num(row, "ops"), 0) << row.ToString();
+  EXPECT_LE(Num(row, "lat_p50_us"), Num(row, "lat_p99_us"));
+  if (Num(row, "seconds") > 0) {
+    EXPECT_NEAR(Num(row, "iops"), Num(row, "ops") / Num(row, "seconds"),
+                1e-3 * Num(row, "iops") + 1e-3);
+  }
+  const double guest = Num(row, "guest_bytes");
+  const json::Value& amp = row["write_amplification"];
+  const json::Value& cow = row["cow_read_per_guest_byte"];
+  if (op == "read" || guest == 0) {
+    EXPECT_TRUE(amp.is_null()) << row.ToString();
+    EXPECT_TRUE(cow.is_null()) << row.ToString();
+    return;
+  }
+  ASSERT_TRUE(amp.is_number()) << row.ToString();
+  EXPECT_NEAR(amp.as_double(), Num(row, "host_write_bytes") / guest,
+              1e-5 * amp.as_double());
+  EXPECT_NEAR(cow.as_double(), Num(row, "cow_read_bytes") / guest,
+              1e-5 * cow.as_double() + 1e-9);
+  EXPECT_GE(Num(row, "host_write_bytes"), guest);
+}
+
+// A well-formedness check for the SVG we write: one root <svg> element,
+// every tag closed in order, no stray '<' or '&' in text.
+::testing::AssertionResult WellFormedSvg(const std::string& svg) {
+  if (!absl::StartsWith(svg, "<?xml")) {
+    return ::testing::AssertionFailure() << "no XML declaration";
+  }
+  std::vector<std::string> open;
+  int roots = 0;
+  size_t i = svg.find("?>") + 2;
+  while ((i = svg.find_first_of("<&", i)) != std::string::npos) {
+    if (svg[i] == '&') {
+      const size_t semi = svg.find(';', i);
+      const std::string ent = svg.substr(i, semi - i + 1);
+      if (ent != "&amp;" && ent != "&lt;" && ent != "&gt;" && ent != "&quot;") {
+        return ::testing::AssertionFailure() << "bad entity at " << i;
+      }
+      i = semi;
+      continue;
+    }
+    const size_t end = svg.find('>', i);
+    if (end == std::string::npos) {
+      return ::testing::AssertionFailure() << "unterminated tag at " << i;
+    }
+    std::string tag = svg.substr(i + 1, end - i - 1);
+    if (tag.find('<') != std::string::npos) {
+      return ::testing::AssertionFailure() << "'<' inside a tag at " << i;
+    }
+    if (tag[0] == '/') {
+      if (open.empty() || open.back() != tag.substr(1)) {
+        return ::testing::AssertionFailure() << "mismatched </" << tag << ">";
+      }
+      open.pop_back();
+    } else if (tag.back() != '/') {
+      const std::string name = tag.substr(0, tag.find(' '));
+      if (open.empty()) ++roots;
+      if (open.empty() && name != "svg") {
+        return ::testing::AssertionFailure() << "root is <" << name << ">";
+      }
+      open.push_back(name);
+    }
+    i = end + 1;
+  }
+  if (!open.empty()) return ::testing::AssertionFailure() << "unclosed tags";
+  if (roots != 1) return ::testing::AssertionFailure() << roots << " roots";
+  return ::testing::AssertionSuccess();
+}
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TEST(BenchCliTest, OverlayRowsAndParams) {
+  TempDir dir;
+  json::Value v = RunJson(
+      dir, {"overlay", "--image-size=8M", "--depth=2", "--bs=4k,64k", "--qd=4",
+            "--count=40", "--plot=" + dir.File("overlay.svg")});
+  EXPECT_EQ(v["workload"].as_string(), "overlay");
+  const json::Value& p = v["params"];
+  EXPECT_EQ(p["depth"].as_uint64(), 2u);
+  EXPECT_EQ(p["image_size"].as_uint64(), 8u << 20);
+  EXPECT_EQ(p["cluster_size"].as_uint64(), 65536u);
+  EXPECT_FALSE(p["extended_l2"].as_bool());
+  EXPECT_EQ(p["count"].as_uint64(), 40u);
+  EXPECT_TRUE(p["time"].is_null());
+  EXPECT_EQ(p["bs"].ToString(), "[4096,65536]");
+  EXPECT_EQ(p["qd"].ToString(), "[4]");
+  EXPECT_TRUE(p["engine"].is_string());
+  // depths (0..2) x ops (read, write) x sizes (2) x queue depths (1).
+  const json::Value& rows = v["rows"];
+  ASSERT_EQ(rows.size(), 3u * 2 * 2);
+  size_t i = 0;
+  for (uint64_t depth = 0; depth <= 2; ++depth) {
+    for (const char* op : {"read", "write"}) {
+      for (uint64_t bs : {4096u, 65536u}) {
+        const json::Value& row = rows[i++];
+        EXPECT_EQ(row["depth"].as_uint64(), depth);
+        EXPECT_EQ(row["op"].as_string(), op);
+        EXPECT_EQ(row["bs"].as_uint64(), bs);
+        EXPECT_EQ(row["qd"].as_uint64(), 4u);
+        EXPECT_EQ(row["ops"].as_uint64(), 40u);
+        CheckRow(row, op);
+        const uint64_t guest = row["guest_bytes"].as_uint64();
+        EXPECT_TRUE(guest == 0 || guest == 40 * bs) << row.ToString();
+      }
+    }
+  }
+  const std::string svg = ReadText(dir.File("overlay.svg"));
+  EXPECT_TRUE(WellFormedSvg(svg));
+  EXPECT_TRUE(absl::StrContains(svg, "IOPS by chain depth"));
+  EXPECT_TRUE(absl::StrContains(svg, "write 4k"));
+  // Scratch images are gone; only the chart is left.
+  std::filesystem::remove(dir.File("overlay.svg"));
+  EXPECT_TRUE(DirEmpty(dir.path()));
+}
+
+TEST(BenchCliTest, DefaultScratchDirIsRemoved) {
+  TempDir tmp;
+  CommandResult r = ::qcow2::testing::RunShell(absl::StrCat(
+      "TMPDIR=", tmp.path(), " ", Qcowtool(),
+      " bench overlay --image-size=2M --depth=1 --bs=4k --count=8 ",
+      CacheFlag(tmp.path())));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  // Human output: a header and one line per row; a progress line per cell.
+  EXPECT_TRUE(absl::StrContains(r.out, "write amp")) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1 + 2 * 2);
+  EXPECT_TRUE(absl::StrContains(r.err, "[4/4] depth 1 write 4k")) << r.err;
+  EXPECT_TRUE(DirEmpty(tmp.path()));
+}
+
+TEST(BenchCliTest, ScalingRatiosMatchRawRows) {
+  TempDir dir;
+  json::Value v = RunJson(dir, {"scaling", "--writers=1,2",
+                                "--size-per-writer=1M", "--bs=256k", "--qd=2"});
+  const json::Value& rows = v["rows"];
+  ASSERT_EQ(rows.size(), 2u * 4);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const json::Value& row = rows[i];
+    const std::string mode = row["mode"].as_string();
+    EXPECT_EQ(row["ops"].as_uint64(), row["writers"].as_uint64() * 4);
+    CheckRow(row, "write");
+    if (absl::StartsWith(mode, "raw-")) {
+      EXPECT_TRUE(row["ratio_vs_raw"].is_null());
+      continue;
+    }
+    const json::Value& raw = rows[i + 2];
+    ASSERT_EQ(raw["mode"].as_string(), "raw-" + mode);
+    EXPECT_NEAR(Num(row, "ratio_vs_raw"),
+                Num(row, "mb_per_s") / Num(raw, "mb_per_s"),
+                1e-3 * Num(row, "ratio_vs_raw"));
+  }
+  EXPECT_TRUE(DirEmpty(dir.path()));
+}
+
+TEST(BenchCliTest, QdSideBySide) {
+  TempDir dir;
+  json::Value v = RunJson(dir, {"qd", "--image-size=4M", "--qd=1,4",
+                                "--count=50", "--plot=" + dir.File("qd.svg")});
+  const json::Value& rows = v["rows"];
+  ASSERT_EQ(rows.size(), 4u);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(rows[i]["qd"].as_uint64(), i < 2 ? 1u : 4u);
+    EXPECT_EQ(rows[i]["target"].as_string(), i % 2 ? "raw" : "qcow2");
+    CheckRow(rows[i], "read");
+  }
+  EXPECT_NEAR(Num(rows[0], "ratio_vs_raw"),
+              Num(rows[0], "iops") / Num(rows[1], "iops"),
+              1e-3 * Num(rows[0], "ratio_vs_raw"));
+  EXPECT_TRUE(rows[1]["ratio_vs_raw"].is_null());
+  EXPECT_TRUE(WellFormedSvg(ReadText(dir.File("qd.svg"))));
+}
+
+TEST(BenchCliTest, CdmTable) {
+  TempDir dir;
+  json::Value v = RunJson(dir, {"cdm", "--image-size=2M", "--count=8"});
+  const json::Value& rows = v["rows"];
+  ASSERT_EQ(rows.size(), 4u * 2 * 2);  // tests x ops x targets
+  for (const json::Value& row : rows.array()) {
+    CheckRow(row, row["op"].as_string());
+    EXPECT_EQ(row["ops"].as_uint64(), 8 * row["threads"].as_uint64());
+  }
+  EXPECT_EQ(rows[4]["test"].as_string(), "RND4K Q32T16");
+  EXPECT_EQ(rows[4]["threads"].as_uint64(), 16u);
+  EXPECT_EQ(rows[8]["op"].as_string(), "write");
+}
+
+TEST(BenchCliTest, SweepRecommends) {
+  TempDir dir;
+  json::Value v = RunJson(dir, {"sweep", "--image-size=4M", "--count=40",
+                                "--cluster-sizes=4k,64k", "--mix=4k:3,16k:1"});
+  const json::Value& rows = v["rows"];
+  // 4k has no extended-L2 variant (it needs 16k clusters).
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_FALSE(rows[0]["extended_l2"].as_bool());
+  EXPECT_TRUE(rows[2]["extended_l2"].as_bool());
+  for (const json::Value& row : rows.array()) CheckRow(row, "write");
+  const json::Value& rec = v["recommendation"];
+  ASSERT_TRUE(rec.is_object());
+  EXPECT_TRUE(absl::StrContains(rec["create"].as_string(), "cluster_size="));
+  EXPECT_TRUE(absl::StrContains(rec["snapshot"].as_string(), "extended_l2="));
+  EXPECT_EQ(v["params"]["mix"].as_string(), "4k:3,16k:1");
+}
+
+TEST(BenchCliTest, PatternFollowsQemuImgBench) {
+  TempDir dir;
+  const std::string image = dir.File("p.qcow2");
+  CreateOptions c;
+  c.size = 1 << 20;
+  ASSERT_OK(CreateImage(image, c));
+  json::Value v = RunJson(dir, {"pattern", "-c", "200", "-d", "8", "-s", "4k",
+                                "-S", "8k", "-w", "--pattern=0xab", image});
+  EXPECT_EQ(v["params"]["step"].as_uint64(), 8192u);
+  EXPECT_EQ(v["params"]["cache"].as_string(), "writeback");  // qemu's -t
+  ASSERT_EQ(v["rows"].size(), 1u);
+  EXPECT_EQ(v["rows"][0]["ops"].as_uint64(), 200u);
+  CheckRow(v["rows"][0], "write");
+  // 200 requests, 8 KiB apart, wrapping at 1 MiB: every step was written,
+  // the 4 KiB between steps were not.
+  OpenOptions o;
+  auto img = Image::Open(image, o);
+  ASSERT_TRUE(img.ok()) << img.status();
+  std::vector<uint8_t> buf(4096);
+  ASSERT_OK((*img)->Read(1016 * 1024, absl::MakeSpan(buf)));
+  EXPECT_EQ(buf[0], 0xab);
+  ASSERT_OK((*img)->Read(4096, absl::MakeSpan(buf)));
+  EXPECT_EQ(buf[0], 0);
+
+  CommandResult r = RunCmd(
+      {Qcowtool(), "bench", "pattern", "-q", "-c", "10", "-d", "2", image});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(absl::StartsWith(
+      r.out,
+      "Sending 10 read requests, 4096 bytes each, 2 in parallel "
+      "(starting at offset 0, step size 4096)\nRun completed in "))
+      << r.out;
+  // A request crossing the end fails, as in qemu-img bench.
+  r = RunCmd({Qcowtool(), "bench", "pattern", "-q", "-c", "2", "-o", "1046528",
+              "-s", "4k", image});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+}
+
+TEST(BenchCliTest, BadOptionsExit1NamingThem) {
+  struct Case {
+    std::vector<std::string> args;
+    const char* named;
+  } cases[] = {
+      {{"--bogus"}, "--bogus"},
+      {{"nope"}, "nope"},
+      {{"overlay", "--bs=3x"}, "--bs"},
+      {{"overlay", "--qd=0"}, "--qd"},
+      {{"overlay", "--count=0"}, "--count"},
+      {{"pattern", "-f", "vmdk", "img"}, "-f"},
+      {{"overlay", "--cache=fast"}, "--cache"},
+      {{"overlay", "--output=xml"}, "--output"},
+      {{"qd", "--depth=2"}, "--depth"},
+      {{"overlay", "--image-size=1M", "--bs=2M"}, "--bs"},
+      {{"scaling", "--size-per-writer=1M", "--bs=3M"}, "--size-per-writer"},
+      {{"sweep", "--mix=4k"}, "--mix"},
+      {{"pattern", "-c", "x", "img"}, "-c"},
+      {{"pattern"}, "image"},
+      {{"pattern", "-w", "--flush-interval=2", "-d", "8", "img"},
+       "--flush-interval"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> argv = {Qcowtool(), "bench"};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    CommandResult r = RunCmd(argv);
+    EXPECT_EQ(r.exit_code, 1) << c.named << ": " << r.err;
+    EXPECT_TRUE(absl::StrContains(r.err, c.named)) << r.err;
+  }
+  CommandResult r = RunCmd({Qcowtool(), "bench", "pattern", "/nonexistent"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  r = RunCmd({Qcowtool(), "help", "bench"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(r.out, "sweep")) << r.out;
+}
+
+TEST(LatencyHistogramTest, PercentilesWithinBucketError) {
+  LatencyHistogram h;
+  for (uint64_t us = 1; us <= 1000; ++us) h.Add(us * 1000);
+  EXPECT_EQ(h.count(), 1000u);
+  EXPECT_NEAR(h.PercentileUs(0.5), 500, 500 * 0.04);
+  EXPECT_NEAR(h.PercentileUs(0.99), 990, 990 * 0.04);
+  LatencyHistogram other;
+  other.Add(5);
+  h.Merge(other);
+  EXPECT_EQ(h.count(), 1001u);
+  EXPECT_LT(h.PercentileUs(0.0), 0.01);
+  EXPECT_EQ(LatencyHistogram().PercentileUs(0.5), 0);
+}
+
+// What the real engine's counters will look like: a 4 KiB write into a
+// fresh 64 KiB cluster copies 60 KiB and writes an L2 slice.
+TEST(BenchOutputTest, AmplificationFromCounters) {
+  IoStats d;
+  d.guest_write_ops = 1;
+  d.guest_write_bytes = 4096;
+  d.host_data_write_bytes = 4096;
+  d.cow_read_bytes = 61440;
+  d.cow_write_bytes = 61440;
+  d.l2_write_bytes = 4096;
+  d.l2_read_bytes = 4096;
+  Report report;
+  report.workload = "unit";
+  report.params.Set("name", Value::Str("a \"quoted\" name"));
+  JobResult jr;
+  jr.ops = 1;
+  jr.bytes = 4096;
+  jr.seconds = 0.001;
+  jr.latency.Add(900'000);
+  Record row;
+  AddRateColumns(jr, &row);
+  AddIoColumns(d, Op::kWrite, &row);
+  report.rows.push_back(row);
+  Record read;
+  AddIoColumns(d, Op::kRead, &read);
+  report.rows.push_back(read);
+  report.rows.push_back(Record().Set("x", Value::Num(std::nan(""))));
+  auto v = json::Parse(ReportJson(report));
+  ASSERT_TRUE(v.ok()) << v.status() << ReportJson(report);
+  EXPECT_EQ((*v)["params"]["name"].as_string(), "a \"quoted\" name");
+  const json::Value& w = (*v)["rows"][0];
+  EXPECT_EQ(w["guest_bytes"].as_uint64(), 4096u);
+  EXPECT_EQ(w["host_write_bytes"].as_uint64(), 4096u + 61440 + 4096);
+  EXPECT_EQ(w["host_read_bytes"].as_uint64(), 61440u + 4096);
+  EXPECT_DOUBLE_EQ(w["write_amplification"].as_double(), 17.0);
+  EXPECT_DOUBLE_EQ(w["cow_read_per_guest_byte"].as_double(), 15.0);
+  EXPECT_DOUBLE_EQ(w["iops"].as_double(), 1000.0);
+  CheckRow(w, "write");
+  const json::Value& r = (*v)["rows"][1];
+  EXPECT_TRUE(r["write_amplification"].is_null());
+  EXPECT_EQ(r["guest_bytes"].as_uint64(), 0u);  // no guest reads counted
+  EXPECT_TRUE((*v)["rows"][2]["x"].is_null());  // NaN is written as null
+  EXPECT_EQ(FormatCell(Value(), 2), "-");
+  EXPECT_EQ(FormatCell(Value::Num(16.999), 2), "17.00");
+  EXPECT_EQ(FormatBlockSize(4096), "4k");
+  EXPECT_EQ(FormatBlockSize(2 << 20), "2M");
+  EXPECT_EQ(FormatBlockSize(1536), "1536");
+}
+
+TEST(BenchSvgTest, ChartsWithDataAndGapsAreWellFormed) {
+  Panel lines{"IOPS <by> depth & more", "depth", "IOPS", {"0", "1", "2"}};
+  lines.series = {{"read 4k", {1000, std::nullopt, 3000}},
+                  {"write 4k", {10, 20, 30}}};
+  Panel bars{"amp", "cluster", "bytes", {"4k", "64k\next L2"}};
+  bars.bars = true;
+  bars.series = {{"host", {16.2, 1.01}}, {"cow", {15.0, std::nullopt}}};
+  Panel empty{"nothing", "x", "y", {"a"}};
+  empty.series = {{"s", {std::nullopt}}};
+  const std::string svg = RenderSvg("title", {lines, bars, empty});
+  EXPECT_TRUE(WellFormedSvg(svg));
+  EXPECT_TRUE(absl::StrContains(svg, "IOPS &lt;by&gt; depth &amp; more"));
+  EXPECT_TRUE(absl::StrContains(svg, "no data"));
+  EXPECT_EQ(svg.find("nan"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace qcow2::tool::bench

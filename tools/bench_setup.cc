@@ -1,0 +1,184 @@
+#include "tools/bench_setup.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <filesystem>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "tools/cli_util.h"
+
+namespace qcow2::tool::bench {
+
+absl::StatusOr<std::unique_ptr<Scratch>> Scratch::Make(const std::string& dir) {
+  if (!dir.empty()) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(dir, ec)) {
+      return absl::NotFoundError(
+          absl::StrCat("--dir ", dir, " is not a directory"));
+    }
+    return std::unique_ptr<Scratch>(new Scratch(dir, false));
+  }
+  const char* tmp = std::getenv("TMPDIR");
+  std::string templ = absl::StrCat(tmp != nullptr && *tmp ? tmp : "/tmp",
+                                   "/qcowtool-bench.XXXXXX");
+  if (mkdtemp(templ.data()) == nullptr) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("mkdtemp ", templ));
+  }
+  return std::unique_ptr<Scratch>(new Scratch(templ, true));
+}
+
+Scratch::Scratch(std::string dir, bool owned)
+    : dir_(std::move(dir)), owned_(owned) {}
+
+Scratch::~Scratch() {
+  std::error_code ec;
+  if (owned_) {
+    std::filesystem::remove_all(dir_, ec);
+    return;
+  }
+  for (const std::string& f : files_) std::filesystem::remove(f, ec);
+}
+
+std::string Scratch::BaseName(const std::string& name) {
+  return owned_ ? name : absl::StrCat("bench-", getpid(), "-", name);
+}
+
+std::string Scratch::Path(const std::string& name) {
+  std::string path = absl::StrCat(dir_, "/", BaseName(name));
+  files_.push_back(path);
+  return path;
+}
+
+absl::Status Scratch::Remove(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove(path, ec);
+  if (ec) {
+    return absl::InternalError(
+        absl::StrCat("cannot remove ", path, ": ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
+OpenOptions BenchOpenOptions(bool direct, bool read_write,
+                             const std::string& format) {
+  OpenOptions o;
+  o.direct_io = direct;
+  o.read_write = read_write;
+  o.format = format;
+  return o;
+}
+
+absl::StatusOr<std::unique_ptr<Image>> OpenBenchImage(
+    const std::string& path, bool direct, bool read_write,
+    const std::string& format) {
+  return Image::Open(path, BenchOpenOptions(direct, read_write, format));
+}
+
+absl::StatusOr<std::unique_ptr<Image>> CreateBenchImage(
+    const std::string& path, const CreateOptions& opts, bool direct) {
+  if (absl::Status s = CreateImage(path, opts); !s.ok()) return s;
+  return OpenBenchImage(path, direct, true,
+                        opts.format == ImageFormat::kRaw ? "raw" : "qcow2");
+}
+
+absl::Status FillImage(Image& image, uint8_t byte, Progress& progress,
+                       const std::string& what) {
+  const uint64_t size = image.size();
+  uint32_t chunk = 1 << 20;
+  while (chunk > 512 && size % chunk != 0) chunk /= 2;
+  if (size < chunk) return absl::OkStatus();
+  progress.Step(absl::StrCat("filling ", what, " (", FormatSize(size), ")"));
+  JobSpec spec;
+  spec.op = Op::kWrite;
+  spec.qd = 8;
+  spec.max_len = chunk;
+  spec.next = SequentialRequests(0, size, chunk);
+  spec.count = size / chunk;
+  spec.flush = true;
+  spec.fill = byte;
+  absl::StatusOr<JobResult> r = RunOne(image, std::move(spec));
+  return r.status();
+}
+
+absl::StatusOr<Targets> MakeFilledTargets(Scratch& scratch, Progress& progress,
+                                          const std::string& stem,
+                                          uint64_t size, uint32_t cluster,
+                                          bool direct) {
+  Targets t;
+  CreateOptions c;
+  c.size = size;
+  c.cluster_size = cluster;
+  t.qcow2_path = scratch.Path(stem + ".qcow2");
+  auto q = CreateBenchImage(t.qcow2_path, c, direct);
+  if (!q.ok()) return q.status();
+  t.qcow2 = std::move(*q);
+  if (auto s = FillImage(*t.qcow2, 0x5a, progress, stem + ".qcow2"); !s.ok()) {
+    return s;
+  }
+  c.format = ImageFormat::kRaw;
+  t.raw_path = scratch.Path(stem + ".raw");
+  auto r = CreateBenchImage(t.raw_path, c, direct);
+  if (!r.ok()) return r.status();
+  t.raw = std::move(*r);
+  if (auto s = FillImage(*t.raw, 0x5a, progress, stem + ".raw"); !s.ok()) {
+    return s;
+  }
+  return t;
+}
+
+std::string EngineName(Image& image) {
+  auto q = image.CreateQueue();
+  if (!q.ok()) return "unknown";
+  return (*q)->uses_io_uring() ? "io_uring" : "sync";
+}
+
+std::optional<double> Ratio(double num, double den) {
+  if (den == 0) return std::nullopt;
+  return num / den;
+}
+
+void AddRateColumns(const JobResult& r, Record* row) {
+  row->Set("ops", Value::Uint(r.ops))
+      .Set("seconds", Value::Num(r.seconds))
+      .Set("iops", Value::Num(r.iops()))
+      .Set("mb_per_s", Value::Num(r.mb_per_s()))
+      .Set("lat_p50_us", Value::Num(r.latency.PercentileUs(0.50)))
+      .Set("lat_p99_us", Value::Num(r.latency.PercentileUs(0.99)));
+}
+
+void AddIoColumns(const IoStats& d, Op op, Record* row) {
+  const uint64_t guest =
+      op == Op::kWrite ? d.guest_write_bytes : d.guest_read_bytes;
+  const double written = static_cast<double>(d.guest_write_bytes);
+  row->Set("guest_bytes", Value::Uint(guest))
+      .Set("host_read_bytes", Value::Uint(d.host_read_bytes()))
+      .Set("host_write_bytes", Value::Uint(d.host_write_bytes()))
+      .Set("cow_read_bytes", Value::Uint(d.cow_read_bytes))
+      .Set("write_amplification",
+           Value::Ratio(
+               op == Op::kWrite
+                   ? Ratio(static_cast<double>(d.host_write_bytes()), written)
+                   : std::nullopt))
+      .Set("cow_read_per_guest_byte",
+           Value::Ratio(
+               op == Op::kWrite
+                   ? Ratio(static_cast<double>(d.cow_read_bytes), written)
+                   : std::nullopt));
+}
+
+std::string CellSummary(const JobResult& r) {
+  return absl::StrFormat("%.0f IOPS, %.1f MB/s, p99 %.0f us", r.iops(),
+                         r.mb_per_s(), r.latency.PercentileUs(0.99));
+}
+
+void AddCommonParams(bool direct, const std::string& engine, Record* params) {
+  params->Set("cache", Value::Str(direct ? "none" : "writeback"))
+      .Set("engine", Value::Str(engine));
+}
+
+}  // namespace qcow2::tool::bench

@@ -1,0 +1,146 @@
+// qcowtool bench qd: random reads of a fully written qcow2 image and of a
+// raw file of the same size, through the same engine and backend, at
+// several queue depths; the ratio shows what the qcow2 mapping costs.
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "tools/bench_workloads.h"
+
+namespace qcow2::tool::bench {
+namespace {
+
+constexpr double kDefaultSeconds = 1.0;
+
+struct Params {
+  std::vector<int> qd = {1, 8, 32, 128};
+  uint32_t bs = 4096;
+  uint64_t size = 1ull << 30;
+  uint32_t cluster = 64 << 10;
+};
+
+absl::StatusOr<Params> Resolve(const BenchOptions& o) {
+  Params p;
+  if (!o.qd.empty()) p.qd = o.qd;
+  if (o.bs.size() > 1) return OptionError("--bs takes one size for qd");
+  if (!o.bs.empty()) p.bs = static_cast<uint32_t>(o.bs[0]);
+  p.size = o.image_size.value_or(p.size);
+  p.cluster = static_cast<uint32_t>(o.cluster_size.value_or(p.cluster));
+  if (p.bs > p.size) {
+    return OptionError("--bs is larger than the image (--image-size)");
+  }
+  return p;
+}
+
+struct Result {
+  int qd;
+  const char* target;
+  JobResult r;
+  IoStats delta;
+};
+
+absl::StatusOr<Result> Measure(Env& env, const Params& p, Image& image, int qd,
+                               const char* target, const std::string& label) {
+  env.progress.BeginCell(label);
+  JobSpec spec;
+  spec.op = Op::kRead;
+  spec.qd = qd;
+  spec.max_len = p.bs;
+  spec.next = RandomRequests(0, p.size, p.bs, env.opts.seed + qd);
+  spec.progress = &env.progress;
+  ApplyLimits(env.opts, kDefaultSeconds, &spec);
+  const IoStats before = image.GetStats();
+  auto r = RunOne(image, std::move(spec));
+  if (!r.ok()) return r.status();
+  env.progress.EndCell(CellSummary(*r));
+  return Result{qd, target, *r, image.GetStats().Since(before)};
+}
+
+void BuildRows(const std::vector<Result>& results, Report* report) {
+  Panel iops{"Random read IOPS by queue depth", "queue depth", "IOPS"};
+  Panel lat{"p99 latency by queue depth", "queue depth", "microseconds"};
+  Series q_iops{"qcow2", {}}, r_iops{"raw", {}}, q_lat{"qcow2 p99", {}},
+      r_lat{"raw p99", {}};
+  for (size_t i = 0; i + 1 < results.size(); i += 2) {
+    const Result& q = results[i];
+    const Result& raw = results[i + 1];
+    const std::optional<double> ratio = Ratio(q.r.iops(), raw.r.iops());
+    for (const Result* res : {&q, &raw}) {
+      Record row;
+      row.Set("qd", Value::Uint(res->qd))
+          .Set("target", Value::Str(res->target));
+      AddRateColumns(res->r, &row);
+      AddIoColumns(res->delta, Op::kRead, &row);
+      row.Set("ratio_vs_raw", res == &q ? Value::Ratio(ratio) : Value());
+      report->rows.push_back(std::move(row));
+    }
+    Record h;
+    h.Set("qd", Value::Uint(q.qd))
+        .Set("q_iops", Value::Num(q.r.iops()))
+        .Set("r_iops", Value::Num(raw.r.iops()))
+        .Set("ratio", Value::Ratio(ratio))
+        .Set("q_p50", Value::Num(q.r.latency.PercentileUs(0.5)))
+        .Set("r_p50", Value::Num(raw.r.latency.PercentileUs(0.5)))
+        .Set("q_p99", Value::Num(q.r.latency.PercentileUs(0.99)))
+        .Set("r_p99", Value::Num(raw.r.latency.PercentileUs(0.99)));
+    report->human_rows.push_back(std::move(h));
+    iops.categories.push_back(absl::StrCat(q.qd));
+    lat.categories.push_back(absl::StrCat(q.qd));
+    q_iops.values.push_back(q.r.iops());
+    r_iops.values.push_back(raw.r.iops());
+    q_lat.values.push_back(q.r.latency.PercentileUs(0.99));
+    r_lat.values.push_back(raw.r.latency.PercentileUs(0.99));
+  }
+  iops.series = {q_iops, r_iops};
+  lat.series = {q_lat, r_lat};
+  report->columns = {{"qd", "qd"},
+                     {"qcow2 IOPS", "q_iops", 0},
+                     {"raw IOPS", "r_iops", 0},
+                     {"qcow2/raw", "ratio", 3},
+                     {"qcow2 p50 us", "q_p50", 1},
+                     {"raw p50 us", "r_p50", 1},
+                     {"qcow2 p99 us", "q_p99", 1},
+                     {"raw p99 us", "r_p99", 1}};
+  report->plot_title = "qcowtool bench qd";
+  report->plot = {iops, lat};
+}
+
+}  // namespace
+
+absl::Status RunQd(Env& env, Report* report) {
+  absl::StatusOr<Params> p = Resolve(env.opts);
+  if (!p.ok()) return p.status();
+  report->params.Set("qd", Value::UintList(p->qd))
+      .Set("bs", Value::Uint(p->bs))
+      .Set("image_size", Value::Uint(p->size))
+      .Set("cluster_size", Value::Uint(p->cluster));
+  AddLimitParams(env.opts, kDefaultSeconds, &report->params);
+
+  auto targets = MakeFilledTargets(*env.scratch, env.progress, "qd", p->size,
+                                   p->cluster, env.direct);
+  if (!targets.ok()) return targets.status();
+  AddCommonParams(env.direct, EngineName(*targets->qcow2), &report->params);
+
+  std::vector<Result> results;
+  const size_t total = 2 * p->qd.size();
+  for (int qd : p->qd) {
+    for (const char* target : {"qcow2", "raw"}) {
+      Image& image =
+          std::string_view(target) == "raw" ? *targets->raw : *targets->qcow2;
+      const std::string label =
+          absl::StrFormat("[%u/%u] %s %s random read qd%d", results.size() + 1,
+                          total, target, FormatBlockSize(p->bs), qd);
+      auto r = Measure(env, *p, image, qd, target, label);
+      if (!r.ok()) return r.status();
+      results.push_back(std::move(*r));
+    }
+  }
+  for (Image* image : {targets->qcow2.get(), targets->raw.get()}) {
+    if (absl::Status s = image->Close(); !s.ok()) return s;
+  }
+  BuildRows(results, report);
+  return absl::OkStatus();
+}
+
+}  // namespace qcow2::tool::bench
