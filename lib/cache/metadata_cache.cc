@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "lib/engine/plan.h"
 #include "lib/util/status_macros.h"
 
 namespace qcow2::internal {
@@ -31,6 +32,7 @@ absl::StatusOr<MetadataCache::Handle> MetadataCache::Get(uint64_t offset) {
   }
   RETURN_IF_ERROR(MakeRoom());
   Handle e = Insert(offset);
+  if (read_counter_ != nullptr) CountMetadata(read_counter_, entry_size_);
   absl::Status s = file_->ReadAt(offset, absl::MakeSpan(e->data));
   if (!s.ok()) {
     lru_.erase(map_[offset].lru);
@@ -79,6 +81,7 @@ absl::Status MetadataCache::FlushDependencies() {
     depends_on_flush_ = true;
   }
   if (depends_on_flush_) {
+    CountMetadata(&IoStats::host_flushes, 1);
     RETURN_IF_ERROR(file_->Flush());
     depends_on_flush_ = false;
   }
@@ -88,6 +91,7 @@ absl::Status MetadataCache::FlushDependencies() {
 absl::Status MetadataCache::WriteEntry(Entry& e) {
   RETURN_IF_ERROR(FlushDependencies());
   if (write_hook_) write_hook_(e.offset, entry_size_);
+  if (write_counter_ != nullptr) CountMetadata(write_counter_, entry_size_);
   absl::Status s = file_->WriteAt(e.offset, absl::MakeConstSpan(e.data));
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat("writing ", what_, " at ",

@@ -24,6 +24,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "qcow2/file.h"
+#include "qcow2/stats.h"
 
 namespace qcow2::internal {
 
@@ -71,6 +72,11 @@ class MetadataCache {
 
   bool HasDirty() const;
   void set_write_hook(WriteHook hook) { write_hook_ = std::move(hook); }
+  // The IoStats fields that count this cache's reads and writes.
+  void set_counters(uint64_t IoStats::*read, uint64_t IoStats::*write) {
+    read_counter_ = read;
+    write_counter_ = write;
+  }
 
  private:
   struct Slot {
@@ -92,6 +98,8 @@ class MetadataCache {
   MetadataCache* depends_on_ = nullptr;
   bool depends_on_flush_ = false;
   WriteHook write_hook_;
+  uint64_t IoStats::*read_counter_ = nullptr;
+  uint64_t IoStats::*write_counter_ = nullptr;
 };
 
 }  // namespace qcow2::internal

@@ -1,6 +1,7 @@
 #include "lib/chain/chain.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <set>
 
@@ -161,32 +162,42 @@ absl::Status Chain::CheckRange(uint64_t offset, uint64_t len) const {
   return absl::OkStatus();
 }
 
-absl::Status Chain::ReadFrom(int depth, uint64_t offset,
-                             absl::Span<uint8_t> buf) {
+absl::Status Chain::PlanRead(int depth, uint64_t offset, uint8_t* dest,
+                             uint64_t len, IoPlan* plan, IoCategory category) {
   uint64_t pos = 0;
-  while (pos < buf.size()) {
-    uint64_t cur = offset + pos;
+  while (pos < len) {
+    const uint64_t cur = offset + pos;
     if (depth >= length() || cur >= layers_[depth]->size()) {
-      std::fill(buf.begin() + pos, buf.end(), 0);
+      std::memset(dest + pos, 0, len - pos);
       return absl::OkStatus();
     }
     Layer* layer = layers_[depth].get();
-    ASSIGN_OR_RETURN(Extent e, layer->Map(cur, buf.size() - pos));
-    auto part = buf.subspan(pos, e.length);
-    if (e.kind == Extent::kUnallocated) {
-      RETURN_IF_ERROR(ReadFrom(depth + 1, cur, part));
-    } else {
-      RETURN_IF_ERROR(layer->ReadExtent(e, cur, cur, part));
+    ASSIGN_OR_RETURN(Extent e, layer->Map(cur, len - pos));
+    switch (e.kind) {
+      case Extent::kUnallocated:
+        RETURN_IF_ERROR(
+            PlanRead(depth + 1, cur, dest + pos, e.length, plan, category));
+        break;
+      case Extent::kZero:
+        std::memset(dest + pos, 0, e.length);
+        break;
+      case Extent::kData:
+        plan->Read(layer->file(), e.host_offset, dest + pos, e.length,
+                   category);
+        break;
+      case Extent::kCompressed: {
+        auto* q = dynamic_cast<Qcow2Layer*>(layer);
+        if (q == nullptr) {
+          return absl::InternalError("compressed extent in a raw layer");
+        }
+        RETURN_IF_ERROR(q->PlanCompressedRead(e.entry, cur, dest + pos,
+                                              e.length, plan, category));
+        break;
+      }
     }
     pos += e.length;
   }
   return absl::OkStatus();
-}
-
-absl::Status Chain::Read(uint64_t offset, absl::Span<uint8_t> buf) {
-  std::lock_guard<std::mutex> lock(mu_);
-  RETURN_IF_ERROR(CheckRange(offset, buf.size()));
-  return ReadFrom(0, offset, buf);
 }
 
 absl::StatusOr<BlockStatus> Chain::GetBlockStatus(uint64_t offset,

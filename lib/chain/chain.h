@@ -3,12 +3,14 @@
 #ifndef QCOW2_LIB_CHAIN_CHAIN_H_
 #define QCOW2_LIB_CHAIN_CHAIN_H_
 
+#include <list>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "lib/chain/layer.h"
+#include "lib/engine/request.h"
 #include "qcow2/image.h"
 
 namespace qcow2::internal {
@@ -47,9 +49,39 @@ class Chain {
   Layer* layer(int depth) { return layers_[depth].get(); }
   bool writable() const { return writable_; }
 
-  // Reads through the chain starting at `depth`. Bytes past the end of a
-  // layer read as zero. Caller holds mu_.
-  absl::Status ReadFrom(int depth, uint64_t offset, absl::Span<uint8_t> buf);
+  // Plans reading guest bytes through the chain starting at `depth` into
+  // `dest`. Bytes past the end of a layer read as zeros. Caller holds mu_.
+  absl::Status PlanRead(int depth, uint64_t offset, uint8_t* dest,
+                        uint64_t len, IoPlan* plan, IoCategory category);
+
+  // --- The request engine (lib/engine/chain_engine.cc). Every guest
+  // request goes: Begin (takes its guest clusters in arrival order; plans
+  // when it has them) -> the plan's I/O, by any executor, with no lock ->
+  // Finish (commits or aborts, lets waiting requests go). Flushes plan a
+  // metadata write-back, then the executor flushes r->flush_file.
+
+  // Checks the request (closed, writable, range) without queuing it.
+  absl::Status Validate(const Request& r) const;
+  // Returns true if the request was planned (or failed: see r->status) and
+  // its I/O may start; false if it waits for overlapping requests, in
+  // which case r->waiter->Wake(r) is called later and the owner calls
+  // Plan(r).
+  bool Begin(Request* r);
+  void Plan(Request* r);
+  void Finish(Request* r);
+
+  // Runs a request to the end on this thread with blocking I/O.
+  absl::Status RunSync(Request* r);
+
+  // Queues register so that GetStats() can add up their counters.
+  class StatsSource {
+   public:
+    virtual ~StatsSource() = default;
+    virtual IoStats Snapshot() const = 0;
+  };
+  void Register(StatsSource* q);
+  void Unregister(StatsSource* q);
+  IoStats Stats() const;
 
   // Public Image operations (take mu_).
   absl::Status Read(uint64_t offset, absl::Span<uint8_t> buf);
@@ -72,7 +104,16 @@ class Chain {
   // Lets the top layer read the layers below for copy-on-write.
   void ConnectBacking();
 
+  void PlanLocked(Request* r);
+  bool Conflicts(const Request* a, const Request* b) const;
+  void GrantWaiters();
+
   mutable std::mutex mu_;
+  // Requests holding or waiting for guest clusters, in arrival order.
+  std::list<Request*> lock_list_;
+  uint32_t lock_bits_ = 16;  // guest cluster size of the top image
+  std::vector<StatsSource*> sources_;
+  IoStats retired_stats_;  // sync calls and queues gone
   std::vector<std::unique_ptr<Layer>> layers_;  // [0] is the top
   std::vector<std::string> resolved_backing_;   // per layer, "" if none
   OpenOptions opts_;

@@ -26,36 +26,10 @@ absl::Status Chain::CheckWritable() const {
 void Chain::ConnectBacking() {
   Qcow2Layer* top = top_qcow2();
   if (top == nullptr || length() < 2) return;
-  top->set_backing([this](uint64_t offset, absl::Span<uint8_t> buf) {
-    return ReadFrom(1, offset, buf);
-  });
-}
-
-absl::Status Chain::Write(uint64_t offset, absl::Span<const uint8_t> data) {
-  std::lock_guard<std::mutex> lock(mu_);
-  RETURN_IF_ERROR(CheckWritable());
-  RETURN_IF_ERROR(CheckRange(offset, data.size()));
-  if (data.empty()) return absl::OkStatus();
-  if (Qcow2Layer* top = top_qcow2()) return top->Write(offset, data);
-  return layers_[0]->file()->WriteAt(offset, data);
-}
-
-absl::Status Chain::WriteZeroes(uint64_t offset, uint64_t len, bool unmap) {
-  std::lock_guard<std::mutex> lock(mu_);
-  RETURN_IF_ERROR(CheckWritable());
-  RETURN_IF_ERROR(CheckRange(offset, len));
-  if (len == 0) return absl::OkStatus();
-  if (Qcow2Layer* top = top_qcow2()) return top->Zero(offset, len, unmap);
-  return layers_[0]->file()->WriteZeroes(offset, len);
-}
-
-absl::Status Chain::Discard(uint64_t offset, uint64_t len) {
-  std::lock_guard<std::mutex> lock(mu_);
-  RETURN_IF_ERROR(CheckWritable());
-  RETURN_IF_ERROR(CheckRange(offset, len));
-  if (len == 0) return absl::OkStatus();
-  if (Qcow2Layer* top = top_qcow2()) return top->Zero(offset, len, true);
-  return layers_[0]->file()->WriteZeroes(offset, len);
+  top->set_backing(
+      [this](uint64_t offset, uint8_t* dest, uint64_t len, IoPlan* plan) {
+        return PlanRead(1, offset, dest, len, plan, IoCategory::kCow);
+      });
 }
 
 absl::Status Chain::Resize(uint64_t new_size) {
@@ -73,13 +47,6 @@ absl::Status Chain::Resize(uint64_t new_size) {
         layers_[0]->filename(), ": resizing raw images is not supported"));
   }
   return top->Grow(new_size);
-}
-
-absl::Status Chain::Flush() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (closed_) return absl::FailedPreconditionError("image is closed");
-  if (!writable_) return absl::OkStatus();
-  return layers_[0]->Flush();
 }
 
 absl::Status Chain::Close() {

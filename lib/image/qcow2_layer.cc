@@ -91,6 +91,8 @@ absl::StatusOr<std::unique_ptr<Qcow2Layer>> Qcow2Layer::Open(
   layer->map_ = std::make_unique<ClusterMap>(
       layer->file_.get(), name, g, std::move(l1), hh.l1_table_offset,
       opts.l2_cache_bytes);
+  layer->map_->l2_cache().set_counters(&IoStats::l2_read_bytes,
+                                       &IoStats::l2_write_bytes);
   // L2 tables must start inside the file.
   layer->map_->set_file_limit(std::max<uint64_t>(
       AlignUp(file_size, g.cluster_size), g.cluster_size));
@@ -125,6 +127,8 @@ absl::Status Qcow2Layer::OpenForWriting(const OpenOptions& opts) {
     map_->l2_cache().Invalidate(offset, cs);
     refcounts_->cache().Invalidate(offset, cs);
   });
+  refcounts_->cache().set_counters(&IoStats::refcount_read_bytes,
+                                   &IoStats::refcount_write_bytes);
   map_->l2_cache().set_write_hook(
       [](uint64_t, uint32_t) { EmitEvent("l2-update"); });
   refcounts_->cache().set_write_hook(

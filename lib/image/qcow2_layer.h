@@ -12,6 +12,7 @@
 
 #include "lib/chain/layer.h"
 #include "lib/cluster/cluster_map.h"
+#include "lib/engine/plan.h"
 #include "lib/format/header.h"
 #include "lib/refcount/refcounts.h"
 #include "qcow2/options.h"
@@ -45,22 +46,45 @@ class Qcow2Layer : public Layer {
   Refcounts* refcounts() { return refcounts_.get(); }
   bool writable() const { return writable_; }
 
-  // --- Write side (qcow2_write.cc, qcow2_zero.cc). REQUIRES: writable().
+  // Plans reading guest bytes [offset, offset+len) out of one compressed
+  // cluster into `dest` (decompressing each cluster once per plan).
+  absl::Status PlanCompressedRead(uint64_t entry, uint64_t offset,
+                                  uint8_t* dest, uint64_t len, IoPlan* plan,
+                                  IoCategory category);
 
-  // Reads guest bytes from the chain below this layer (for copy-on-write).
-  using BackingReader =
-      std::function<absl::Status(uint64_t offset, absl::Span<uint8_t> buf)>;
-  void set_backing(BackingReader reader) { backing_ = std::move(reader); }
+  // --- Write side (qcow2_write.cc, qcow2_plan.cc, qcow2_zero.cc).
+  // REQUIRES: writable().
+
+  // Plans reads of guest bytes from the chain below this layer (for
+  // copy-on-write) into `dest`.
+  using BackingPlanner = std::function<absl::Status(
+      uint64_t offset, uint8_t* dest, uint64_t len, IoPlan* plan)>;
+  void set_backing(BackingPlanner planner) { backing_ = std::move(planner); }
   bool has_backing() const { return static_cast<bool>(backing_); }
 
+  // Plans the write of `data` at guest `offset`: allocations happen now
+  // (in memory), copy-on-write reads and data writes go into `plan`, and
+  // L2 updates into its commits. The caller holds the guest clusters
+  // exclusively until the plan is committed or aborted.
+  absl::Status PlanWrite(uint64_t offset, absl::Span<const uint8_t> data,
+                         IoPlan* plan);
+  // Plans and carries out a write at once (blocking I/O).
   absl::Status Write(uint64_t offset, absl::Span<const uint8_t> data);
   // Makes the range read as zeros; with `free_clusters`, host clusters of
-  // fully covered clusters are released.
+  // fully covered clusters are released. Blocking I/O.
   absl::Status Zero(uint64_t offset, uint64_t len, bool free_clusters);
   absl::Status Flush() override;
+  // Flush in two halves around the file flush, so that the file flush can
+  // run without the caller's lock: BeginFlush writes metadata back and
+  // returns a generation; FinishFlush(generation) runs after the file flush
+  // and releases clusters freed before BeginFlush.
+  absl::StatusOr<uint64_t> BeginFlush();
+  void FinishFlush(uint64_t generation);
   absl::Status Close() override;
   // Grows the virtual size, reallocating the L1 table if needed.
   absl::Status Grow(uint64_t new_size);
+  // Marks the image corrupt on kDataLoss and returns `s`.
+  absl::Status Fail(absl::Status s);
 
   // Allocates every guest cluster (metadata) and, for kFalloc/kFull, the
   // host space under it. For freshly created images.
@@ -87,17 +111,26 @@ class Qcow2Layer : public Layer {
 
   // Write helpers.
   absl::Status PrepareWrite();
-  absl::Status Fail(absl::Status s);
   absl::StatusOr<L2Ref> L2ForWrite(uint64_t cluster);
-  absl::Status WriteCluster(uint64_t cluster, uint64_t in_cluster,
-                            absl::Span<const uint8_t> data);
-  absl::Status WriteSubclusters(L2Ref& ref, uint64_t cluster,
-                                uint64_t in_cluster,
-                                absl::Span<const uint8_t> data);
-  // Fills `buf` with the current contents of guest range [offset, +size)
-  // inside one cluster whose L2 entry is `entry`/`bitmap`.
+  absl::Status PlanWriteCluster(uint64_t cluster, uint64_t in_cluster,
+                                absl::Span<const uint8_t> data, IoPlan* plan);
+  // Writes into subclusters of the cluster at host `entry` (ours, or
+  // `fresh` just allocated for it), padding to subcluster boundaries.
+  absl::Status PlanSubclusters(const L2Ref& ref, uint64_t entry,
+                               uint64_t bitmap, uint64_t cluster,
+                               uint64_t in_cluster,
+                               absl::Span<const uint8_t> data, bool fresh,
+                               IoPlan* plan);
+  // Plans filling `dest` with the current contents of guest range
+  // [offset, +len) inside one cluster whose L2 entry is `entry`/`bitmap`.
+  absl::Status PlanReadOld(uint64_t entry, uint64_t bitmap, uint64_t offset,
+                           uint8_t* dest, uint64_t len, IoPlan* plan);
+  // The same, carried out at once.
   absl::Status ReadOld(uint64_t entry, uint64_t bitmap, uint64_t offset,
                        absl::Span<uint8_t> buf);
+  // Plans, carries out and commits the write of `data` into one cluster.
+  absl::Status WriteClusterNow(uint64_t cluster, uint64_t in_cluster,
+                               absl::Span<const uint8_t> data);
   absl::Status ReleaseHost(uint64_t entry);
   absl::Status CheckDataTarget(uint64_t host, uint64_t len) const;
   absl::Status WriteL1Entry(uint64_t index);
@@ -111,7 +144,7 @@ class Qcow2Layer : public Layer {
   uint64_t file_size_;
   std::unique_ptr<ClusterMap> map_;
   std::unique_ptr<Refcounts> refcounts_;
-  BackingReader backing_;
+  BackingPlanner backing_;
   bool writable_ = false;
   bool prepared_ = false;  // dirty bit / autoclear handled
   bool lazy_refcounts_ = false;

@@ -14,15 +14,6 @@
 
 namespace qcow2::internal {
 
-namespace {
-
-// Bits `first`..`last` (inclusive) of a 32-bit subcluster mask.
-uint32_t SubclusterMask(int first, int last) {
-  uint64_t m = ((1ull << (last + 1)) - 1) & ~((1ull << first) - 1);
-  return static_cast<uint32_t>(m);
-}
-
-}  // namespace
 
 absl::Status Qcow2Layer::Fail(absl::Status s) {
   if (s.code() == absl::StatusCode::kDataLoss && writable_ &&
@@ -41,6 +32,8 @@ absl::Status Qcow2Layer::WriteHeaderFields() {
   ASSIGN_OR_RETURN(std::vector<uint8_t> enc, EncodeHeader(header_));
   EmitEvent("header-update");
   size_t n = header_.version >= 3 ? header_.header_length : kV2HeaderLength;
+  CountMetadata(&IoStats::header_write_bytes, n);
+  CountMetadata(&IoStats::host_flushes, 1);
   RETURN_IF_ERROR(file_->WriteAt(0, absl::MakeConstSpan(enc.data(), n)));
   return file_->Flush();
 }
@@ -120,6 +113,7 @@ absl::Status Qcow2Layer::WriteL1Entry(uint64_t index) {
   uint8_t buf[8];
   StoreBE64(buf, map_->l1()[index]);
   EmitEvent("l1-update");
+  CountMetadata(&IoStats::l1_write_bytes, 8);
   return file_->WriteAt(map_->l1_offset() + index * 8,
                         absl::MakeConstSpan(buf, 8));
 }
@@ -153,6 +147,8 @@ absl::StatusOr<L2Ref> Qcow2Layer::L2ForWrite(uint64_t cluster) {
   }
   // The table and its refcount are durable before the L1 entry names it.
   EmitEvent("l2-alloc");
+  CountMetadata(&IoStats::l2_table_allocations, 1);
+  CountMetadata(&IoStats::host_flushes, 1);
   RETURN_IF_ERROR(cache.SetDependency(&refcounts_->cache()));
   RETURN_IF_ERROR(cache.Flush());
   RETURN_IF_ERROR(file_->Flush());
@@ -168,179 +164,6 @@ absl::StatusOr<L2Ref> Qcow2Layer::L2ForWrite(uint64_t cluster) {
     RETURN_IF_ERROR(refcounts_->Update(old_table, g.cluster_size, -1));
   }
   return map_->Lookup(cluster);
-}
-
-absl::Status Qcow2Layer::ReadOld(uint64_t entry, uint64_t bitmap,
-                                 uint64_t offset, absl::Span<uint8_t> buf) {
-  const Geometry& g = map_->geometry();
-  if (buf.empty()) return absl::OkStatus();
-  if (entry & kOflagCompressed) {
-    // Head and tail of one copy-on-write share a single decompression.
-    return ReadFromCompressed(entry, offset, buf);
-  }
-  const uint64_t host = entry & kEntryOffsetMask;
-  uint64_t pos = 0;
-  while (pos < buf.size()) {
-    const uint64_t in_cluster = (offset + pos) & (g.cluster_size - 1);
-    const int sc = static_cast<int>(in_cluster / g.subcluster_size);
-    const uint64_t n = std::min<uint64_t>(
-        buf.size() - pos, (sc + 1) * g.subcluster_size - in_cluster);
-    auto part = buf.subspan(pos, n);
-    switch (ClassifySubcluster(entry, bitmap, g.extended_l2, sc)) {
-      case SubclusterType::kNormal:
-        RETURN_IF_ERROR(file_->ReadAt(host + in_cluster, part));
-        break;
-      case SubclusterType::kZeroPlain:
-      case SubclusterType::kZeroAlloc:
-        std::fill(part.begin(), part.end(), 0);
-        break;
-      case SubclusterType::kUnallocated:
-      case SubclusterType::kUnallocatedAlloc:
-        if (backing_) {
-          EmitEvent("cow-read");
-          RETURN_IF_ERROR(backing_(offset + pos, part));
-        } else {
-          std::fill(part.begin(), part.end(), 0);
-        }
-        break;
-      default:
-        return map_->Corrupt(absl::StrFormat(
-            "L2 entry 0x%016x for guest offset 0x%x is invalid", entry,
-            offset + pos));
-    }
-    pos += n;
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Qcow2Layer::WriteSubclusters(L2Ref& ref, uint64_t cluster,
-                                          uint64_t in_cluster,
-                                          absl::Span<const uint8_t> data) {
-  const Geometry& g = map_->geometry();
-  const uint64_t entry = ref.entry();
-  const uint64_t bitmap = ref.bitmap();
-  const uint64_t host = entry & kEntryOffsetMask;
-  const uint64_t guest = cluster << g.cluster_bits;
-  const uint32_t alloc = static_cast<uint32_t>(bitmap);
-  const uint32_t zero = static_cast<uint32_t>(bitmap >> 32);
-  const int sc0 = static_cast<int>(in_cluster / g.subcluster_size);
-  const int sc1 =
-      static_cast<int>((in_cluster + data.size() - 1) / g.subcluster_size);
-
-  // Pad to subcluster boundaries where the subcluster is not yet ours.
-  uint64_t start = in_cluster, end = in_cluster + data.size();
-  if (!((alloc >> sc0) & 1)) start = sc0 * g.subcluster_size;
-  if (!((alloc >> sc1) & 1)) end = (sc1 + 1) * g.subcluster_size;
-  RETURN_IF_ERROR(CheckDataTarget(host + start, end - start));
-  EmitEvent(start == in_cluster && end == in_cluster + data.size()
-                ? "data-write"
-                : "cow-write");
-  if (start == in_cluster && end == in_cluster + data.size()) {
-    RETURN_IF_ERROR(file_->WriteAt(host + start, data));
-  } else {
-    std::vector<uint8_t> buf(end - start);
-    const uint64_t head = in_cluster - start;
-    RETURN_IF_ERROR(ReadOld(entry, bitmap, guest + start,
-                            absl::MakeSpan(buf.data(), head)));
-    std::memcpy(buf.data() + head, data.data(), data.size());
-    const uint64_t tail_at = head + data.size();
-    RETURN_IF_ERROR(ReadOld(entry, bitmap, guest + in_cluster + data.size(),
-                            absl::MakeSpan(buf.data() + tail_at,
-                                           buf.size() - tail_at)));
-    RETURN_IF_ERROR(file_->WriteAt(host + start, buf));
-  }
-  const uint32_t mask = SubclusterMask(sc0, sc1);
-  if ((alloc & mask) != mask || (zero & mask) != 0 ||
-      !(entry & kOflagCopied)) {
-    const uint64_t new_bitmap =
-        uint64_t{alloc | mask} | (uint64_t{zero & ~mask} << 32);
-    RETURN_IF_ERROR(OrderL2AfterAllocation());
-    ref.Set(host | kOflagCopied, new_bitmap);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Qcow2Layer::WriteCluster(uint64_t cluster, uint64_t in_cluster,
-                                      absl::Span<const uint8_t> data) {
-  const Geometry& g = map_->geometry();
-  ASSIGN_OR_RETURN(L2Ref ref, L2ForWrite(cluster));
-  const uint64_t entry = ref.entry();
-  const uint64_t bitmap = ref.bitmap();
-  const uint64_t host = entry & kEntryOffsetMask;
-  const bool compressed = (entry & kOflagCompressed) != 0;
-  const uint64_t guest = cluster << g.cluster_bits;
-
-  if (!compressed && host != 0 && (entry & kOflagCopied)) {
-    // The cluster is ours alone: write in place.
-    if (g.extended_l2) return WriteSubclusters(ref, cluster, in_cluster, data);
-    RETURN_IF_ERROR(CheckDataTarget(host, g.cluster_size));
-    EmitEvent("data-write");
-    if ((entry & kOflagZero) == 0) {
-      return file_->WriteAt(host + in_cluster, data);
-    }
-    // Preallocated zero cluster: the rest must read as zeros on disk too.
-    std::vector<uint8_t> buf(g.cluster_size, 0);
-    std::memcpy(buf.data() + in_cluster, data.data(), data.size());
-    RETURN_IF_ERROR(file_->WriteAt(host, buf));
-    RETURN_IF_ERROR(OrderL2AfterAllocation());
-    ref.Set(host | kOflagCopied, 0);
-    return absl::OkStatus();
-  }
-
-  if (g.extended_l2 && !compressed && host == 0) {
-    // Unallocated or zero subclusters: take a cluster, write only the
-    // subclusters touched.
-    ASSIGN_OR_RETURN(uint64_t fresh, refcounts_->Allocate(1));
-    // Set up the ordering first: doing so may write the L2 cache out, which
-    // must not happen while the slice holds the staged entry below.
-    RETURN_IF_ERROR(OrderL2AfterAllocation());
-    L2Ref staged = ref;
-    // Write data before publishing: use the entry's current bitmap with the
-    // new host offset (no subcluster of it is allocated yet).
-    StoreBE64(&staged.slice->data[staged.index * 16], fresh | kOflagCopied);
-    // WriteSubclusters reads the entry back; restore the old entry if the
-    // data write fails so the cache never points at unwritten data.
-    absl::Status s = WriteSubclusters(staged, cluster, in_cluster, data);
-    if (!s.ok()) {
-      StoreBE64(&staged.slice->data[staged.index * 16], entry);
-      return s;
-    }
-    return absl::OkStatus();
-  }
-
-  // Copy-on-write of the whole cluster into a new one.
-  ASSIGN_OR_RETURN(uint64_t fresh, refcounts_->Allocate(1));
-  RETURN_IF_ERROR(CheckDataTarget(fresh, g.cluster_size));
-  const uint64_t tail = in_cluster + data.size();
-  std::vector<uint8_t> head_buf(in_cluster), tail_buf(g.cluster_size - tail);
-  RETURN_IF_ERROR(ReadOld(entry, bitmap, guest, absl::MakeSpan(head_buf)));
-  RETURN_IF_ERROR(ReadOld(entry, bitmap, guest + tail, absl::MakeSpan(tail_buf)));
-  iovec iov[3] = {{head_buf.data(), head_buf.size()},
-                  {const_cast<uint8_t*>(data.data()), data.size()},
-                  {tail_buf.data(), tail_buf.size()}};
-  EmitEvent("cow-write");
-  RETURN_IF_ERROR(file_->WritevAt(fresh, absl::MakeConstSpan(iov, 3)));
-  RETURN_IF_ERROR(OrderL2AfterAllocation());
-  ref.Set(fresh | kOflagCopied, g.extended_l2 ? 0xffffffffull : 0);
-  if (compressed || host != 0) RETURN_IF_ERROR(ReleaseHost(entry));
-  return absl::OkStatus();
-}
-
-absl::Status Qcow2Layer::Write(uint64_t offset, absl::Span<const uint8_t> data) {
-  RETURN_IF_ERROR(PrepareWrite());
-  const Geometry& g = map_->geometry();
-  uint64_t pos = 0;
-  while (pos < data.size()) {
-    const uint64_t cur = offset + pos;
-    const uint64_t in_cluster = cur & (g.cluster_size - 1);
-    const uint64_t n =
-        std::min<uint64_t>(data.size() - pos, g.cluster_size - in_cluster);
-    absl::Status s = WriteCluster(cur >> g.cluster_bits, in_cluster,
-                                  data.subspan(pos, n));
-    if (!s.ok()) return Fail(std::move(s));
-    pos += n;
-  }
-  return absl::OkStatus();
 }
 
 absl::Status Qcow2Layer::Grow(uint64_t new_size) {
@@ -366,6 +189,7 @@ absl::Status Qcow2Layer::Grow(uint64_t new_size) {
   l1.resize(needed, 0);
   std::vector<uint8_t> raw(clusters * g.cluster_size, 0);
   for (uint64_t i = 0; i < needed; ++i) StoreBE64(&raw[i * 8], l1[i]);
+  CountMetadata(&IoStats::l1_write_bytes, raw.size());
   absl::Status s = file_->WriteAt(table, raw);
   if (s.ok()) s = refcounts_->cache().Flush();
   if (s.ok()) s = file_->Flush();
@@ -386,19 +210,30 @@ absl::Status Qcow2Layer::Grow(uint64_t new_size) {
   return absl::OkStatus();
 }
 
-absl::Status Qcow2Layer::Flush() {
+absl::StatusOr<uint64_t> Qcow2Layer::BeginFlush() {
   if (marked_corrupt_) {
     return absl::DataLossError(absl::StrCat(
         file_->name(), " was marked corrupt after an inconsistency; writes "
                        "not flushed before that are lost"));
   }
-  if (!writable_ || closed_) return absl::OkStatus();
+  if (!writable_ || closed_) return uint64_t{0};
   absl::Status s = map_->l2_cache().Flush();
   if (s.ok()) s = refcounts_->Flush();
-  EmitEvent("flush");
-  if (s.ok()) s = file_->Flush();
   if (!s.ok()) return Fail(std::move(s));
-  refcounts_->ReleaseQuarantine();
+  EmitEvent("flush");
+  return refcounts_->SealQuarantine();
+}
+
+void Qcow2Layer::FinishFlush(uint64_t generation) {
+  if (writable_ && !closed_) refcounts_->ReleaseQuarantine(generation);
+}
+
+absl::Status Qcow2Layer::Flush() {
+  ASSIGN_OR_RETURN(uint64_t generation, BeginFlush());
+  if (!writable_ || closed_) return absl::OkStatus();
+  CountMetadata(&IoStats::host_flushes, 1);
+  if (absl::Status s = file_->Flush(); !s.ok()) return Fail(std::move(s));
+  FinishFlush(generation);
   return absl::OkStatus();
 }
 

@@ -37,12 +37,14 @@ absl::Status Qcow2Layer::ZeroCluster(uint64_t cluster, bool free_clusters) {
   if (header_.version < 3) {
     // No zero flag in version 2.
     if (backing_) {
-      return WriteCluster(cluster, 0,
+      return WriteClusterNow(cluster, 0,
                           absl::MakeConstSpan(ZeroCluster2M().data(),
                                               g.cluster_size));
     }
     if (keep) {
       RETURN_IF_ERROR(CheckDataTarget(host, g.cluster_size));
+      CountMetadata(&IoStats::host_zero_ops, 1);
+      CountMetadata(&IoStats::host_zero_bytes, g.cluster_size);
       return file_->WriteZeroes(host, g.cluster_size);
     }
     if (entry == 0) return absl::OkStatus();
@@ -81,7 +83,7 @@ absl::Status Qcow2Layer::ZeroSubclusters(uint64_t cluster, uint64_t in_cluster,
          (e.kind == Extent::kUnallocated && !backing_))) {
       return absl::OkStatus();
     }
-    return WriteCluster(cluster, from,
+    return WriteClusterNow(cluster, from,
                         absl::MakeConstSpan(ZeroCluster2M().data(), to - from));
   };
   if (first_full >= last_full) return zero_bytes(in_cluster, end);
@@ -94,14 +96,14 @@ absl::Status Qcow2Layer::ZeroSubclusters(uint64_t cluster, uint64_t in_cluster,
     // of our own first, then zero the subclusters there.
     std::vector<uint8_t> buf(g.cluster_size);
     RETURN_IF_ERROR(ReadOld(entry, 0, guest, absl::MakeSpan(buf)));
-    RETURN_IF_ERROR(WriteCluster(cluster, 0, buf));
+    RETURN_IF_ERROR(WriteClusterNow(cluster, 0, buf));
     ASSIGN_OR_RETURN(ref, L2ForWrite(cluster));
     entry = ref.entry();
   } else if ((entry & kEntryOffsetMask) != 0 && !(entry & kOflagCopied)) {
     // Shared cluster: take a private copy so the other owner is untouched.
     std::vector<uint8_t> buf(g.cluster_size);
     RETURN_IF_ERROR(ReadOld(entry, ref.bitmap(), guest, absl::MakeSpan(buf)));
-    RETURN_IF_ERROR(WriteCluster(cluster, 0, buf));
+    RETURN_IF_ERROR(WriteClusterNow(cluster, 0, buf));
     ASSIGN_OR_RETURN(ref, L2ForWrite(cluster));
     entry = ref.entry();
   }
@@ -145,7 +147,7 @@ absl::Status Qcow2Layer::Zero(uint64_t offset, uint64_t len,
                         (e.kind == Extent::kZero ||
                          (e.kind == Extent::kUnallocated && !backing_));
       if (!reads_zero) {
-        s = WriteCluster(cluster, in_cluster,
+        s = WriteClusterNow(cluster, in_cluster,
                          absl::MakeConstSpan(ZeroCluster2M().data(), n));
       }
     }

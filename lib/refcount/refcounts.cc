@@ -9,6 +9,7 @@
 #include "lib/util/endian.h"
 #include "lib/util/events.h"
 #include "lib/util/math.h"
+#include "lib/engine/plan.h"
 #include "lib/util/status_macros.h"
 
 namespace qcow2::internal {
@@ -119,8 +120,8 @@ bool Refcounts::Quarantined(uint64_t cluster, uint64_t n) const {
   for (const auto& [s, e] : quarantine_) {
     if (cluster < e && s < cluster + n) return true;
   }
-  for (const auto& [s, e] : pending_release_) {
-    if (cluster < e && s < cluster + n) return true;
+  for (const Sealed& q : pending_release_) {
+    if (cluster < q.end && q.start < cluster + n) return true;
   }
   return false;
 }
@@ -147,6 +148,7 @@ absl::StatusOr<uint64_t> Refcounts::FindFree(uint64_t n) {
 absl::Status Refcounts::WriteTableEntry(uint64_t index) {
   uint8_t buf[8];
   StoreBE64(buf, table_[index]);
+  CountMetadata(&IoStats::refcount_write_bytes, 8);
   return file_->WriteAt(table_offset_ + index * 8, absl::MakeConstSpan(buf, 8));
 }
 
@@ -185,6 +187,7 @@ absl::StatusOr<bool> Refcounts::EnsureBlock(uint64_t cluster) {
     // The block (and the count that covers it) must be durable before the
     // table points at it.
     absl::Status s = cache_.Flush();
+    CountMetadata(&IoStats::host_flushes, 1);
     if (s.ok()) s = file_->Flush();
     if (s.ok()) {
       table_[idx] = b << cluster_bits_;
@@ -241,13 +244,16 @@ absl::Status Refcounts::GrowTable(uint64_t needed_index) {
     }
     const uint64_t at = (place + table_clusters + j) << cluster_bits_;
     cache_.Invalidate(at, cluster_size_);
+    CountMetadata(&IoStats::refcount_write_bytes, block.size());
     RETURN_IF_ERROR(file_->WriteAt(at, block));
     table[idx] = at;
   }
   std::vector<uint8_t> raw(table_clusters * cluster_size_, 0);
   for (uint64_t i = 0; i < entries; ++i) StoreBE64(&raw[i * 8], table[i]);
+  CountMetadata(&IoStats::refcount_write_bytes, raw.size());
   RETURN_IF_ERROR(file_->WriteAt(place << cluster_bits_, raw));
   RETURN_IF_ERROR(cache_.Flush());
+  CountMetadata(&IoStats::host_flushes, 1);
   RETURN_IF_ERROR(file_->Flush());
   RETURN_IF_ERROR(header_writer_(place << cluster_bits_,
                                  static_cast<uint32_t>(table_clusters)));
@@ -321,23 +327,34 @@ absl::StatusOr<uint64_t> Refcounts::Allocate(uint64_t n) {
   }
 }
 
-absl::Status Refcounts::Flush() {
-  RETURN_IF_ERROR(cache_.Flush());
-  // What was freed so far is released after the caller's file flush.
-  pending_release_.insert(pending_release_.end(), quarantine_.begin(),
-                          quarantine_.end());
+absl::Status Refcounts::Flush() { return cache_.Flush(); }
+
+uint64_t Refcounts::SealQuarantine() {
+  ++generation_;
+  for (const auto& [s, e] : quarantine_) {
+    pending_release_.push_back({generation_, s, e});
+  }
   quarantine_.clear();
-  return absl::OkStatus();
+  return generation_;
 }
 
-void Refcounts::ReleaseQuarantine() {
-  for (const auto& [s, e] : pending_release_) {
-    free_hint_ = std::min(free_hint_, s);
+void Refcounts::ReleaseQuarantine(uint64_t generation) {
+  size_t kept = 0;
+  for (const Sealed& q : pending_release_) {
+    if (q.generation > generation) {
+      pending_release_[kept++] = q;
+      continue;
+    }
+    free_hint_ = std::min(free_hint_, q.start);
     // Only now, with no durable pointer left to them, give the bytes back
     // to the file system (advisory).
-    file_->Discard(s << cluster_bits_, (e - s) << cluster_bits_).IgnoreError();
+    file_->Discard(q.start << cluster_bits_, (q.end - q.start) << cluster_bits_)
+        .IgnoreError();
+    CountMetadata(&IoStats::host_discard_ops, 1);
+    CountMetadata(&IoStats::host_discard_bytes,
+                  (q.end - q.start) << cluster_bits_);
   }
-  pending_release_.clear();
+  pending_release_.resize(kept);
 }
 
 }  // namespace qcow2::internal

@@ -69,9 +69,16 @@ class Refcounts {
   // Writes dirty refcount blocks (not the file flush) and lets clusters
   // freed before this call be reused once the caller has flushed the file.
   absl::Status Flush();
-  // Called by the owner after the file flush that followed Flush(): freed
-  // clusters become reusable and their bytes are discarded.
-  void ReleaseQuarantine();
+  // Closes the set of clusters freed so far (after Flush() wrote the
+  // refcounts that free them) and returns its generation.
+  uint64_t SealQuarantine();
+  // Called by the owner after the file flush that followed Flush() and
+  // SealQuarantine(): clusters of generations up to `generation` become
+  // reusable and their bytes are discarded. Flushes may overlap: a file
+  // flush covers every generation sealed before it started.
+  void ReleaseQuarantine(uint64_t generation);
+  // Seals and releases everything (single-threaded flush).
+  void ReleaseQuarantine() { ReleaseQuarantine(SealQuarantine()); }
 
   // Highest cluster index + 1 that has ever been in use or allocated: the
   // allocator's view of the end of the image.
@@ -114,7 +121,13 @@ class Refcounts {
   uint64_t free_hint_ = 0;
   uint64_t end_cluster_ = 0;
   // Clusters freed since the last flush: [start, end) cluster ranges.
-  std::vector<std::pair<uint64_t, uint64_t>> quarantine_, pending_release_;
+  std::vector<std::pair<uint64_t, uint64_t>> quarantine_;
+  struct Sealed {
+    uint64_t generation;
+    uint64_t start, end;
+  };
+  std::vector<Sealed> pending_release_;
+  uint64_t generation_ = 0;
 };
 
 }  // namespace qcow2::internal

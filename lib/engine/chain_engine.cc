@@ -1,0 +1,285 @@
+// The request engine on a chain: guest-cluster range locks taken in
+// arrival order, planning under the metadata lock, commit or abort after
+// the I/O, and the synchronous API as requests run on the calling thread.
+#include <condition_variable>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "lib/chain/chain.h"
+#include "lib/image/qcow2_layer.h"
+#include "lib/util/status_macros.h"
+
+namespace qcow2::internal {
+
+namespace {
+
+// Wakes a thread blocked in RunSync.
+class SyncWaiter : public Waiter {
+ public:
+  void Wake(Request*) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    woken_ = true;
+    cv_.notify_one();
+  }
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return woken_; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool woken_ = false;
+};
+
+}  // namespace
+
+absl::Status Chain::Validate(const Request& r) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) return absl::FailedPreconditionError("image is closed");
+  if (r.kind == Request::kFlush) return absl::OkStatus();
+  if (r.kind != Request::kRead) RETURN_IF_ERROR(CheckWritable());
+  return CheckRange(r.offset, r.len);
+}
+
+bool Chain::Conflicts(const Request* a, const Request* b) const {
+  if (a->lock_shared && b->lock_shared) return false;
+  return a->lock_first <= b->lock_last && b->lock_first <= a->lock_last;
+}
+
+bool Chain::Begin(Request* r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  StatsScope scope(&r->stats);
+  if (closed_) {
+    r->status = absl::FailedPreconditionError("image is closed");
+    return true;
+  }
+  if (r->kind != Request::kFlush) {
+    absl::Status s = r->kind == Request::kRead ? absl::OkStatus()
+                                               : CheckWritable();
+    if (s.ok()) s = CheckRange(r->offset, r->len);
+    if (!s.ok()) {
+      r->status = std::move(s);
+      return true;
+    }
+  }
+  // Read-only chains never change: reads need no ordering.
+  if (r->kind == Request::kFlush || r->len == 0 || !writable_) {
+    PlanLocked(r);
+    return true;
+  }
+  const Qcow2Layer* top = dynamic_cast<const Qcow2Layer*>(layers_[0].get());
+  const uint32_t bits = top != nullptr ? top->geometry().cluster_bits : 16;
+  r->lock_first = r->offset >> bits;
+  r->lock_last = (r->offset + r->len - 1) >> bits;
+  r->lock_shared = r->kind == Request::kRead;
+  bool blocked = false;
+  for (const Request* other : lock_list_) {
+    if (Conflicts(other, r)) {
+      blocked = true;
+      break;
+    }
+  }
+  lock_list_.push_back(r);
+  r->in_lock_list = true;
+  if (blocked) return false;
+  r->lock_granted = true;
+  PlanLocked(r);
+  return true;
+}
+
+void Chain::Plan(Request* r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  StatsScope scope(&r->stats);
+  PlanLocked(r);
+}
+
+void Chain::PlanLocked(Request* r) {
+  IoStats& st = r->stats;
+  Qcow2Layer* top = top_qcow2();
+  switch (r->kind) {
+    case Request::kRead:
+      st.guest_read_ops++;
+      st.guest_read_bytes += r->len;
+      r->status = PlanRead(0, r->offset, r->rbuf, r->len, &r->plan,
+                           IoCategory::kGuestData);
+      break;
+    case Request::kWrite:
+      st.guest_write_ops++;
+      st.guest_write_bytes += r->len;
+      if (r->len == 0) break;
+      if (top != nullptr) {
+        r->status = top->PlanWrite(
+            r->offset, absl::MakeConstSpan(r->wbuf, r->len), &r->plan);
+      } else {
+        IoOp op;
+        op.file = layers_[0]->file();
+        op.offset = r->offset;
+        op.guest_bytes = r->len;
+        op.Add(r->wbuf, r->len);
+        r->plan.writes.push_back(std::move(op));
+      }
+      break;
+    case Request::kWriteZeroes:
+    case Request::kDiscard: {
+      const bool discard = r->kind == Request::kDiscard;
+      (discard ? st.guest_discard_ops : st.guest_zero_ops)++;
+      (discard ? st.guest_discard_bytes : st.guest_zero_bytes) += r->len;
+      if (r->len == 0) break;
+      // Mostly metadata: done here, under the lock.
+      if (top != nullptr) {
+        r->status = top->Zero(r->offset, r->len, discard || r->unmap);
+      } else {
+        st.host_zero_ops++;
+        st.host_zero_bytes += r->len;
+        r->status = layers_[0]->file()->WriteZeroes(r->offset, r->len);
+      }
+      break;
+    }
+    case Request::kFlush:
+      st.guest_flush_ops++;
+      if (closed_) {
+        r->status = absl::FailedPreconditionError("image is closed");
+        break;
+      }
+      if (!writable_) break;
+      if (top != nullptr) {
+        absl::StatusOr<uint64_t> gen = top->BeginFlush();
+        if (!gen.ok()) {
+          r->status = gen.status();
+          break;
+        }
+        r->flush_generation = *gen;
+      }
+      r->flush_file = layers_[0]->file();
+      break;
+  }
+}
+
+void Chain::GrantWaiters() {
+  for (auto it = lock_list_.begin(); it != lock_list_.end(); ++it) {
+    Request* w = *it;
+    if (w->lock_granted) continue;
+    bool blocked = false;
+    for (auto before = lock_list_.begin(); before != it; ++before) {
+      if (Conflicts(*before, w)) {
+        blocked = true;
+        break;
+      }
+    }
+    if (blocked) continue;
+    w->lock_granted = true;
+    w->waiter->Wake(w);
+  }
+}
+
+void Chain::Finish(Request* r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  StatsScope scope(&r->stats);
+  if (r->status.ok()) {
+    for (auto& commit : r->plan.commits) {
+      absl::Status s = commit();
+      if (!s.ok()) {
+        // Clusters of the remaining changes leak at worst.
+        Qcow2Layer* top = top_qcow2();
+        r->status = top != nullptr ? top->Fail(std::move(s)) : s;
+        break;
+      }
+    }
+  } else {
+    for (auto& abort : r->plan.aborts) abort();
+  }
+  if (r->kind == Request::kFlush && r->status.ok() && r->flush_file != nullptr) {
+    if (Qcow2Layer* top = top_qcow2()) top->FinishFlush(r->flush_generation);
+  }
+  if (r->in_lock_list) {
+    lock_list_.remove(r);
+    r->in_lock_list = false;
+    GrantWaiters();
+  }
+  if (r->owner == nullptr) retired_stats_ += r->stats;
+}
+
+absl::Status Chain::RunSync(Request* r) {
+  SyncWaiter waiter;
+  r->waiter = &waiter;
+  if (!Begin(r)) {
+    waiter.Wait();
+    Plan(r);
+  }
+  if (r->status.ok()) {
+    if (r->kind == Request::kFlush) {
+      if (r->flush_file != nullptr) {
+        r->stats.host_flushes++;
+        r->status = r->flush_file->Flush();
+      }
+    } else {
+      r->status = RunPlanIo(r->plan, &r->stats);
+    }
+  }
+  Finish(r);
+  r->plan.Clear();
+  return r->status;
+}
+
+absl::Status Chain::Read(uint64_t offset, absl::Span<uint8_t> buf) {
+  Request r;
+  r.kind = Request::kRead;
+  r.offset = offset;
+  r.len = buf.size();
+  r.rbuf = buf.data();
+  return RunSync(&r);
+}
+
+absl::Status Chain::Write(uint64_t offset, absl::Span<const uint8_t> data) {
+  Request r;
+  r.kind = Request::kWrite;
+  r.offset = offset;
+  r.len = data.size();
+  r.wbuf = data.data();
+  return RunSync(&r);
+}
+
+absl::Status Chain::WriteZeroes(uint64_t offset, uint64_t len, bool unmap) {
+  Request r;
+  r.kind = Request::kWriteZeroes;
+  r.offset = offset;
+  r.len = len;
+  r.unmap = unmap;
+  return RunSync(&r);
+}
+
+absl::Status Chain::Discard(uint64_t offset, uint64_t len) {
+  Request r;
+  r.kind = Request::kDiscard;
+  r.offset = offset;
+  r.len = len;
+  return RunSync(&r);
+}
+
+absl::Status Chain::Flush() {
+  Request r;
+  r.kind = Request::kFlush;
+  return RunSync(&r);
+}
+
+void Chain::Register(StatsSource* q) {
+  std::lock_guard<std::mutex> lock(mu_);
+  sources_.push_back(q);
+}
+
+void Chain::Unregister(StatsSource* q) {
+  std::lock_guard<std::mutex> lock(mu_);
+  retired_stats_ += q->Snapshot();
+  sources_.erase(std::remove(sources_.begin(), sources_.end(), q),
+                 sources_.end());
+}
+
+IoStats Chain::Stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  IoStats total = retired_stats_;
+  for (const StatsSource* q : sources_) total += q->Snapshot();
+  return total;
+}
+
+}  // namespace qcow2::internal

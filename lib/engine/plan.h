@@ -1,0 +1,122 @@
+// The I/O a request needs, worked out under the image's metadata lock and
+// carried out without it: reads (copy-on-write sources, guest reads), steps
+// to run once the reads are in (decompression), writes, and the metadata
+// changes to make once the writes are done (or to undo if they failed).
+#ifndef QCOW2_LIB_ENGINE_PLAN_H_
+#define QCOW2_LIB_ENGINE_PLAN_H_
+
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "qcow2/file.h"
+#include "qcow2/stats.h"
+
+namespace qcow2::internal {
+
+// Which counter an I/O's bytes go to.
+enum class IoCategory : uint8_t {
+  kGuestData,  // guest reads, or guest bytes written
+  kCow,        // copy-on-write reads, or padding written around guest bytes
+};
+
+struct IoOp {
+  File* file = nullptr;
+  uint64_t offset = 0;
+  std::vector<iovec> iov;
+  uint64_t bytes = 0;
+  // Bytes of a write that are the guest's own; the rest count as COW.
+  uint64_t guest_bytes = 0;
+  IoCategory category = IoCategory::kGuestData;
+  // Executor state: progress (short transfers are resubmitted), the
+  // request, the kind of operation, and the iovecs still to do.
+  uint64_t done = 0;
+  void* request = nullptr;
+  uint8_t type = 0;  // 0 read, 1 write, 2 flush
+  int fd = -1;
+  std::vector<iovec> rest;
+
+  void Add(const void* base, size_t len) {
+    iov.push_back({const_cast<void*>(base), len});
+    bytes += len;
+  }
+};
+
+class IoPlan {
+ public:
+  IoPlan() = default;
+  IoPlan(const IoPlan&) = delete;
+  IoPlan& operator=(const IoPlan&) = delete;
+
+  std::vector<IoOp> reads;
+  std::vector<std::function<absl::Status()>> after_reads;
+  std::vector<IoOp> writes;
+  // Run under the metadata lock after every write succeeded, in order.
+  std::vector<std::function<absl::Status()>> commits;
+  // Run under the metadata lock when the plan is abandoned.
+  std::vector<std::function<void()>> aborts;
+  // Compressed clusters this plan decompresses (one buffer each).
+  struct Decompressed {
+    const void* layer;
+    uint64_t entry;
+    uint8_t* cluster;
+  };
+  std::vector<Decompressed> decompressed;
+
+  // A buffer owned by the plan, aligned for O_DIRECT, zero-filled.
+  uint8_t* Buffer(size_t len);
+
+  // Adds a read of `len` bytes at `offset` of `file` into `dest`, merged
+  // with the previous read when it continues it.
+  void Read(File* file, uint64_t offset, uint8_t* dest, size_t len,
+            IoCategory category);
+
+  // Merges writes that continue each other in the same file into single
+  // vectored operations.
+  void CoalesceWrites();
+
+  void Clear();
+
+ private:
+  struct Free {
+    void operator()(uint8_t* p) const;
+  };
+  std::vector<std::unique_ptr<uint8_t, Free>> buffers_;
+};
+
+// Counts a finished I/O into `stats`.
+void CountIo(const IoOp& op, bool write, IoStats* stats);
+
+// Carries out one op with blocking calls on its File.
+absl::Status RunOp(IoOp& op, bool write);
+
+// Carries out the reads, after-read steps and writes with blocking calls
+// (no commit, no abort).
+absl::Status RunPlanIo(IoPlan& plan, IoStats* stats);
+
+// The counters of the request being planned or committed on this thread
+// (metadata I/O is counted there). nullptr outside a request.
+IoStats* CurrentStats();
+class StatsScope {
+ public:
+  explicit StatsScope(IoStats* stats);
+  ~StatsScope();
+  StatsScope(const StatsScope&) = delete;
+  StatsScope& operator=(const StatsScope&) = delete;
+
+ private:
+  IoStats* saved_;
+};
+
+// Adds `n` to counter `field` of the current request, if any.
+inline void CountMetadata(uint64_t IoStats::*field, uint64_t n) {
+  if (IoStats* s = CurrentStats()) s->*field += n;
+}
+
+}  // namespace qcow2::internal
+
+#endif  // QCOW2_LIB_ENGINE_PLAN_H_

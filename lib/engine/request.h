@@ -1,0 +1,61 @@
+// One guest request as the engine carries it: what was asked, the guest
+// clusters it holds, its plan, and its result.
+#ifndef QCOW2_LIB_ENGINE_REQUEST_H_
+#define QCOW2_LIB_ENGINE_REQUEST_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "lib/engine/plan.h"
+#include "qcow2/queue.h"
+#include "qcow2/stats.h"
+
+namespace qcow2::internal {
+
+struct Request;
+
+// Told when a request that had to wait for overlapping requests may go on.
+// Called with the image's metadata lock held, from any thread: it must only
+// hand the request over (never call back into the image).
+class Waiter {
+ public:
+  virtual ~Waiter() = default;
+  virtual void Wake(Request* r) = 0;
+};
+
+struct Request {
+  enum Kind : uint8_t { kRead, kWrite, kWriteZeroes, kDiscard, kFlush };
+
+  Kind kind = kRead;
+  uint64_t offset = 0;
+  uint64_t len = 0;
+  uint8_t* rbuf = nullptr;        // kRead
+  const uint8_t* wbuf = nullptr;  // kWrite
+  bool unmap = false;             // kWriteZeroes
+  Completion done;
+
+  // Guest clusters [lock_first, lock_last] of the top image, held shared
+  // (reads) or exclusive, in arrival order (lib/engine/range_lock.h).
+  uint64_t lock_first = 0;
+  uint64_t lock_last = 0;
+  bool lock_shared = false;
+  bool lock_granted = false;
+  bool in_lock_list = false;
+  Waiter* waiter = nullptr;
+
+  IoPlan plan;
+  File* flush_file = nullptr;  // kFlush: the file to flush
+  IoOp flush_op;
+  uint64_t flush_generation = 0;
+  absl::Status status;
+  IoStats stats;
+
+  // Executor state.
+  int pending = 0;  // ops in flight
+  int phase = 0;
+  void* owner = nullptr;
+};
+
+}  // namespace qcow2::internal
+
+#endif  // QCOW2_LIB_ENGINE_REQUEST_H_

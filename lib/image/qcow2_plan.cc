@@ -1,0 +1,340 @@
+// Planning writes into a qcow2 layer: what to allocate, what to copy from
+// where (copy-on-write), what to write, and which L2 entries to change once
+// the data is written. The plan is made under the image's metadata lock;
+// its I/O runs without it (lib/engine).
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "lib/compress/compress.h"
+#include "lib/format/entries.h"
+#include "lib/image/qcow2_layer.h"
+#include "lib/util/endian.h"
+#include "lib/util/events.h"
+#include "lib/util/math.h"
+#include "lib/util/status_macros.h"
+
+namespace qcow2::internal {
+
+namespace {
+
+// Bits `first`..`last` (inclusive) of a 32-bit subcluster mask.
+uint32_t SubclusterMask(int first, int last) {
+  uint64_t m = ((1ull << (last + 1)) - 1) & ~((1ull << first) - 1);
+  return static_cast<uint32_t>(m);
+}
+
+void Count(uint64_t IoStats::*field, uint64_t n = 1) {
+  CountMetadata(field, n);
+}
+
+}  // namespace
+
+absl::Status Qcow2Layer::PlanCompressedRead(uint64_t entry, uint64_t offset,
+                                            uint8_t* dest, uint64_t len,
+                                            IoPlan* plan,
+                                            IoCategory category) {
+  const Geometry& g = map_->geometry();
+  const uint64_t in_cluster = offset & (g.cluster_size - 1);
+  if (decompressed_entry_ == entry && decompressed_.size() == g.cluster_size) {
+    std::memcpy(dest, decompressed_.data() + in_cluster, len);
+    return absl::OkStatus();
+  }
+  // One decompression per cluster and plan: look for an earlier one.
+  for (const auto& d : plan->decompressed) {
+    if (d.layer == this && d.entry == entry) {
+      const uint8_t* src = d.cluster + in_cluster;
+      plan->after_reads.push_back([dest, src, len] {
+        std::memcpy(dest, src, len);
+        return absl::OkStatus();
+      });
+      return absl::OkStatus();
+    }
+  }
+  const CompressedExtent c = DecodeCompressed(entry, g.cluster_bits);
+  uint8_t* in = plan->Buffer(c.length);
+  uint8_t* cluster = plan->Buffer(g.cluster_size);
+  plan->Read(file_.get(), c.host_offset, in, c.length, category);
+  plan->decompressed.push_back({this, entry, cluster});
+  const auto type = static_cast<CompressionType>(header_.compression_type);
+  const uint64_t cs = g.cluster_size;
+  File* file = file_.get();
+  plan->after_reads.push_back([=]() -> absl::Status {
+    absl::Status s = DecompressCluster(type, absl::MakeConstSpan(in, c.length),
+                                       absl::MakeSpan(cluster, cs));
+    if (!s.ok()) {
+      return absl::DataLossError(
+          absl::StrFormat("%s: compressed cluster at host offset 0x%x: %s",
+                          file->name(), c.host_offset, s.message()));
+    }
+    std::memcpy(dest, cluster + in_cluster, len);
+    return absl::OkStatus();
+  });
+  // Remember the cluster for the next small read of it.
+  plan->commits.push_back([this, entry, cluster, cs] {
+    decompressed_.assign(cluster, cluster + cs);
+    decompressed_entry_ = entry;
+    return absl::OkStatus();
+  });
+  return absl::OkStatus();
+}
+
+absl::Status Qcow2Layer::PlanReadOld(uint64_t entry, uint64_t bitmap,
+                                     uint64_t offset, uint8_t* dest,
+                                     uint64_t len, IoPlan* plan) {
+  const Geometry& g = map_->geometry();
+  if (len == 0) return absl::OkStatus();
+  if (entry & kOflagCompressed) {
+    // Head and tail of one copy-on-write share a single decompression.
+    return PlanCompressedRead(entry, offset, dest, len, plan, IoCategory::kCow);
+  }
+  const uint64_t host = entry & kEntryOffsetMask;
+  uint64_t pos = 0;
+  while (pos < len) {
+    const uint64_t in_cluster = (offset + pos) & (g.cluster_size - 1);
+    const int sc = static_cast<int>(in_cluster / g.subcluster_size);
+    const uint64_t n =
+        std::min<uint64_t>(len - pos, (sc + 1) * g.subcluster_size - in_cluster);
+    switch (ClassifySubcluster(entry, bitmap, g.extended_l2, sc)) {
+      case SubclusterType::kNormal:
+        plan->Read(file_.get(), host + in_cluster, dest + pos, n,
+                   IoCategory::kCow);
+        break;
+      case SubclusterType::kZeroPlain:
+      case SubclusterType::kZeroAlloc:
+        std::memset(dest + pos, 0, n);
+        break;
+      case SubclusterType::kUnallocated:
+      case SubclusterType::kUnallocatedAlloc:
+        if (backing_) {
+          EmitEvent("cow-read");
+          RETURN_IF_ERROR(backing_(offset + pos, dest + pos, n, plan));
+        } else {
+          std::memset(dest + pos, 0, n);
+        }
+        break;
+      default:
+        return map_->Corrupt(absl::StrFormat(
+            "L2 entry 0x%016x for guest offset 0x%x is invalid", entry,
+            offset + pos));
+    }
+    pos += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Qcow2Layer::ReadOld(uint64_t entry, uint64_t bitmap,
+                                 uint64_t offset, absl::Span<uint8_t> buf) {
+  IoPlan plan;
+  RETURN_IF_ERROR(
+      PlanReadOld(entry, bitmap, offset, buf.data(), buf.size(), &plan));
+  RETURN_IF_ERROR(RunPlanIo(plan, CurrentStats()));
+  for (auto& commit : plan.commits) RETURN_IF_ERROR(commit());
+  return absl::OkStatus();
+}
+
+absl::Status Qcow2Layer::PlanSubclusters(const L2Ref& ref, uint64_t entry,
+                                         uint64_t bitmap, uint64_t cluster,
+                                         uint64_t in_cluster,
+                                         absl::Span<const uint8_t> data,
+                                         bool fresh, IoPlan* plan) {
+  const Geometry& g = map_->geometry();
+  const uint64_t host = entry & kEntryOffsetMask;
+  const uint64_t guest = cluster << g.cluster_bits;
+  const uint32_t alloc = static_cast<uint32_t>(bitmap);
+  const uint32_t zero = static_cast<uint32_t>(bitmap >> 32);
+  const int sc0 = static_cast<int>(in_cluster / g.subcluster_size);
+  const int sc1 =
+      static_cast<int>((in_cluster + data.size() - 1) / g.subcluster_size);
+
+  // Pad to subcluster boundaries where the subcluster is not yet ours.
+  uint64_t start = in_cluster, end = in_cluster + data.size();
+  if (!((alloc >> sc0) & 1)) start = sc0 * g.subcluster_size;
+  if (!((alloc >> sc1) & 1)) end = (sc1 + 1) * g.subcluster_size;
+  RETURN_IF_ERROR(CheckDataTarget(host + start, end - start));
+  const uint32_t mask = SubclusterMask(sc0, sc1);
+  IoOp op;
+  op.file = file_.get();
+  op.offset = host + start;
+  op.guest_bytes = data.size();
+  if (start == in_cluster && end == in_cluster + data.size()) {
+    EmitEvent("data-write");
+    if ((alloc & mask) != mask) Count(&IoStats::cow_skipped_full);
+    op.Add(data.data(), data.size());
+  } else {
+    EmitEvent("cow-write");
+    const uint64_t head = in_cluster - start;
+    const uint64_t tail_at = head + data.size();
+    uint8_t* buf = plan->Buffer(end - start);
+    if (head > 0) Count(&IoStats::cow_head_copies);
+    if (tail_at < end - start) Count(&IoStats::cow_tail_copies);
+    RETURN_IF_ERROR(PlanReadOld(entry, bitmap, guest + start, buf, head, plan));
+    RETURN_IF_ERROR(PlanReadOld(entry, bitmap, guest + in_cluster + data.size(),
+                                buf + tail_at, end - start - tail_at, plan));
+    // Guest bytes go between head and tail without a copy.
+    if (head > 0) op.Add(buf, head);
+    op.Add(data.data(), data.size());
+    if (tail_at < end - start) op.Add(buf + tail_at, end - start - tail_at);
+  }
+  plan->writes.push_back(std::move(op));
+  if (fresh || (alloc & mask) != mask || (zero & mask) != 0 ||
+      !(entry & kOflagCopied)) {
+    const uint64_t new_bitmap =
+        uint64_t{alloc | mask} | (uint64_t{zero & ~mask} << 32);
+    plan->commits.push_back([this, ref = L2Ref(ref), host, new_bitmap]() mutable {
+      RETURN_IF_ERROR(OrderL2AfterAllocation());
+      ref.Set(host | kOflagCopied, new_bitmap);
+      return absl::OkStatus();
+    });
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Qcow2Layer::PlanWriteCluster(uint64_t cluster,
+                                          uint64_t in_cluster,
+                                          absl::Span<const uint8_t> data,
+                                          IoPlan* plan) {
+  const Geometry& g = map_->geometry();
+  ASSIGN_OR_RETURN(L2Ref ref, L2ForWrite(cluster));
+  const uint64_t entry = ref.entry();
+  const uint64_t bitmap = ref.bitmap();
+  const uint64_t host = entry & kEntryOffsetMask;
+  const bool compressed = (entry & kOflagCompressed) != 0;
+  const uint64_t guest = cluster << g.cluster_bits;
+
+  if (!compressed && host != 0 && (entry & kOflagCopied)) {
+    // The cluster is ours alone: write in place.
+    if (g.extended_l2) {
+      return PlanSubclusters(ref, entry, bitmap, cluster, in_cluster, data,
+                             false, plan);
+    }
+    RETURN_IF_ERROR(CheckDataTarget(host, g.cluster_size));
+    EmitEvent("data-write");
+    IoOp op;
+    op.file = file_.get();
+    op.guest_bytes = data.size();
+    if ((entry & kOflagZero) == 0) {
+      op.offset = host + in_cluster;
+      op.Add(data.data(), data.size());
+      plan->writes.push_back(std::move(op));
+      return absl::OkStatus();
+    }
+    // Preallocated zero cluster: the rest must read as zeros on disk too.
+    uint8_t* zeros = plan->Buffer(g.cluster_size);
+    op.offset = host;
+    if (in_cluster > 0) op.Add(zeros, in_cluster);
+    op.Add(data.data(), data.size());
+    const uint64_t tail = in_cluster + data.size();
+    if (tail < g.cluster_size) op.Add(zeros + tail, g.cluster_size - tail);
+    plan->writes.push_back(std::move(op));
+    plan->commits.push_back([this, ref, host]() mutable {
+      RETURN_IF_ERROR(OrderL2AfterAllocation());
+      ref.Set(host | kOflagCopied, 0);
+      return absl::OkStatus();
+    });
+    return absl::OkStatus();
+  }
+
+  // A new host cluster.
+  ASSIGN_OR_RETURN(uint64_t fresh, refcounts_->Allocate(1));
+  Count(&IoStats::cluster_allocations);
+  plan->aborts.push_back([this, fresh] {
+    refcounts_->Update(fresh, map_->geometry().cluster_size, -1).IgnoreError();
+  });
+  RETURN_IF_ERROR(CheckDataTarget(fresh, g.cluster_size));
+
+  if (g.extended_l2 && !compressed && host == 0) {
+    // Unallocated or zero subclusters: write only the subclusters touched.
+    // Against the current bitmap with the new host offset, no subcluster
+    // of the new cluster is allocated yet, so padding reads come from the
+    // layers below (or zeros), never from the new cluster.
+    return PlanSubclusters(ref, fresh | kOflagCopied, bitmap, cluster,
+                           in_cluster, data, true, plan);
+  }
+
+  // Copy-on-write of the whole cluster: head, guest data and tail in one
+  // vectored write.
+  const uint64_t tail = in_cluster + data.size();
+  uint8_t* head_buf = in_cluster > 0 ? plan->Buffer(in_cluster) : nullptr;
+  uint8_t* tail_buf =
+      tail < g.cluster_size ? plan->Buffer(g.cluster_size - tail) : nullptr;
+  if (in_cluster > 0) Count(&IoStats::cow_head_copies);
+  if (tail < g.cluster_size) Count(&IoStats::cow_tail_copies);
+  if (in_cluster == 0 && tail == g.cluster_size) {
+    Count(&IoStats::cow_skipped_full);
+  }
+  RETURN_IF_ERROR(PlanReadOld(entry, bitmap, guest, head_buf, in_cluster, plan));
+  RETURN_IF_ERROR(PlanReadOld(entry, bitmap, guest + tail, tail_buf,
+                              g.cluster_size - tail, plan));
+  EmitEvent(in_cluster == 0 && tail == g.cluster_size ? "data-write"
+                                                      : "cow-write");
+  IoOp op;
+  op.file = file_.get();
+  op.offset = fresh;
+  op.guest_bytes = data.size();
+  if (head_buf != nullptr) op.Add(head_buf, in_cluster);
+  op.Add(data.data(), data.size());
+  if (tail_buf != nullptr) op.Add(tail_buf, g.cluster_size - tail);
+  plan->writes.push_back(std::move(op));
+  const bool release = compressed || host != 0;
+  const uint64_t new_bitmap = g.extended_l2 ? 0xffffffffull : 0;
+  plan->commits.push_back([this, ref, fresh, new_bitmap, release,
+                           entry]() mutable {
+    RETURN_IF_ERROR(OrderL2AfterAllocation());
+    ref.Set(fresh | kOflagCopied, new_bitmap);
+    if (release) RETURN_IF_ERROR(ReleaseHost(entry));
+    return absl::OkStatus();
+  });
+  return absl::OkStatus();
+}
+
+absl::Status Qcow2Layer::PlanWrite(uint64_t offset,
+                                   absl::Span<const uint8_t> data,
+                                   IoPlan* plan) {
+  RETURN_IF_ERROR(PrepareWrite());
+  const Geometry& g = map_->geometry();
+  uint64_t pos = 0;
+  while (pos < data.size()) {
+    const uint64_t cur = offset + pos;
+    const uint64_t in_cluster = cur & (g.cluster_size - 1);
+    const uint64_t n =
+        std::min<uint64_t>(data.size() - pos, g.cluster_size - in_cluster);
+    absl::Status s = PlanWriteCluster(cur >> g.cluster_bits, in_cluster,
+                                      data.subspan(pos, n), plan);
+    if (!s.ok()) return Fail(std::move(s));
+    pos += n;
+  }
+  plan->CoalesceWrites();
+  return absl::OkStatus();
+}
+
+absl::Status Qcow2Layer::WriteClusterNow(uint64_t cluster, uint64_t in_cluster,
+                                         absl::Span<const uint8_t> data) {
+  IoPlan plan;
+  absl::Status s = PlanWriteCluster(cluster, in_cluster, data, &plan);
+  if (s.ok()) s = RunPlanIo(plan, CurrentStats());
+  if (!s.ok()) {
+    for (auto& abort : plan.aborts) abort();
+    return s;
+  }
+  for (auto& commit : plan.commits) RETURN_IF_ERROR(commit());
+  return absl::OkStatus();
+}
+
+absl::Status Qcow2Layer::Write(uint64_t offset,
+                               absl::Span<const uint8_t> data) {
+  IoPlan plan;
+  absl::Status s = PlanWrite(offset, data, &plan);
+  if (s.ok()) s = RunPlanIo(plan, CurrentStats());
+  if (!s.ok()) {
+    for (auto& abort : plan.aborts) abort();
+    return s;
+  }
+  for (auto& commit : plan.commits) {
+    if (absl::Status c = commit(); !c.ok()) return Fail(std::move(c));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace qcow2::internal
