@@ -666,17 +666,7 @@ INSTANTIATE_TEST_SUITE_P(
                .size = 2 * kMiB,
                .backing = true,
                .overlays = true,
-               .events = {"cow-read", "cow-write", "l2-update"},
-               .known_defect =
-                   "when CreateOverlay fails while closing the old top "
-                   "(its final flush), it returns the error but leaves that "
-                   "layer closed: every later request fails with 'image is "
-                   "closed' (which names no file), and the half-made overlay "
-                   "file stays behind. lib/chain/chain_write.cc "
-                   "Chain::CreateOverlay (old_top->Close() after the new "
-                   "layer is open) and Qcow2Layer::Close (sets closed_ even "
-                   "when its flush fails)",
-               .defect_signature = "image is closed"},
+               .events = {"cow-read", "cow-write", "l2-update"}},
         // Copy-on-write over a backing file, version 2 image, tiny caches
         // (every L2 slice and refcount block is evicted and read again).
         Config{.name = "c4k_v2_backing_small_cache",

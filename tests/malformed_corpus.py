@@ -63,68 +63,7 @@ EXT_FEATURE_NAMES = 0x6803F857
 # tests/malformed_test.cc then reports the case as skipped while the
 # expectations stay unmet (QCOW2_STRICT_CORPUS=1 makes them fail), and fails
 # once they are met, so that the line here gets deleted.
-_WRITE_TRUSTS_L2 = ("the write path does not validate the L2 entry the way "
-                    "the read path does (Qcow2Layer::MapInCluster); "
-                    "lib/image/qcow2_write.cc WriteCluster/WriteSubclusters")
-_DATA_TARGET = ("Qcow2Layer::CheckDataTarget (lib/image/qcow2_write.cc) "
-                "guards only the header, the L1 table and the refcount "
-                "table, not refcount blocks or L2 tables")
-DEFECTS = {
-    "l1_entry_points_at_refcount_table":
-        "an L1 entry naming the refcount table is used as an L2 table: the "
-        "write succeeds and rewrites refcount table entries "
-        "(ClusterMap::L2TableFor / Qcow2Layer::L2ForWrite check alignment "
-        "and the file end only, not overlap with metadata)",
-    "l1_entry_points_at_l1":
-        "an L1 entry naming the L1 table makes its entries act as L2 "
-        "entries with COPIED: guest data is written in place over L2 tables "
-        "(1 KiB) before an error; " + _DATA_TARGET,
-    "l2_offset_zero_copied":
-        "reads refuse the entry but a write treats it as unallocated and "
-        "silently allocates; " + _WRITE_TRUSTS_L2,
-    "l2_points_at_refcount_block":
-        "guest data is written in place over the refcount block; " +
-        _DATA_TARGET,
-    "l2_points_at_own_table":
-        "guest data is written in place over the L2 table itself; " +
-        _DATA_TARGET,
-    "l2_offset_above_2_56":
-        "reads refuse the reserved bit, a write ignores it and writes at "
-        "the masked offset; " + _WRITE_TRUSTS_L2,
-    "l2_unaligned":
-        "reads refuse the unaligned offset, a write puts 4 KiB at host "
-        "offset 0x50200; " + _WRITE_TRUSTS_L2,
-    "l2_past_eof":
-        "a data cluster at 64 GiB in a 576 KiB file reads as zeros (no check "
-        "against the file end, unlike L2 tables) and a write there grows the "
-        "file to 64 GiB (Qcow2Layer::MapInCluster, WriteCluster)",
-    "compressed_above_2_56":
-        "a full-cluster write over the bad descriptor writes a new cluster "
-        "first, then fails in ReleaseHost with 'refcount of cluster "
-        "0x200000000000000 would drop below zero' instead of naming the bad "
-        "entry; " + _WRITE_TRUSTS_L2,
-    "compressed_in_header":
-        "a write (copy-on-write) reports the decompressor's 'invalid stored "
-        "block lengths' instead of the bad descriptor; ReadOld / "
-        "ReadFromCompressed skip MapInCluster's descriptor check",
-    "xl2_alloc_and_zero":
-        "reads refuse the bitmap, a write rewrites it and succeeds; " +
-        _WRITE_TRUSTS_L2,
-    "xl2_alloc_without_offset":
-        "reads refuse the bitmap, a write allocates over it and succeeds; " +
-        _WRITE_TRUSTS_L2,
-    "xl2_zero_flag_set":
-        "reads refuse the reserved bit 0, a write goes in place; " +
-        _WRITE_TRUSTS_L2,
-    "xl2_compressed_with_bitmap":
-        "a compressed extended-L2 entry with a non-zero bitmap is read "
-        "(MapInCluster returns before looking at the bitmap) and written "
-        "over; qemu-img check calls it corruption",
-    "refcounts_zero_for_metadata":
-        "the allocator hands out the refcount block's own cluster (refcount "
-        "0) for guest data; the block's write-back then overwrites that "
-        "data; " + _DATA_TARGET,
-}
+DEFECTS = {}
 
 
 def run(*argv, cwd=None):

@@ -152,7 +152,10 @@ absl::StatusOr<std::unique_ptr<Chain>> Chain::Open(std::unique_ptr<File> top,
 }
 
 absl::Status Chain::CheckRange(uint64_t offset, uint64_t len) const {
-  if (closed_) return absl::FailedPreconditionError("image is closed");
+  if (closed_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(layers_[0]->filename(), ": image is closed"));
+  }
   uint64_t end;
   if (__builtin_add_overflow(offset, len, &end) || end > layers_[0]->size()) {
     return absl::OutOfRangeError(absl::StrCat(
@@ -203,7 +206,10 @@ absl::Status Chain::PlanRead(int depth, uint64_t offset, uint8_t* dest,
 absl::StatusOr<BlockStatus> Chain::GetBlockStatus(uint64_t offset,
                                                   uint64_t max_len) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (closed_) return absl::FailedPreconditionError("image is closed");
+  if (closed_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(layers_[0]->filename(), ": image is closed"));
+  }
   if (offset >= size()) {
     return absl::OutOfRangeError(absl::StrCat(
         "offset ", offset, " is past the end of the image (", size(), ")"));

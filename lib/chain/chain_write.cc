@@ -15,7 +15,10 @@ Qcow2Layer* Chain::top_qcow2() {
 }
 
 absl::Status Chain::CheckWritable() const {
-  if (closed_) return absl::FailedPreconditionError("image is closed");
+  if (closed_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(layers_[0]->filename(), ": image is closed"));
+  }
   if (!writable_) {
     return absl::FailedPreconditionError(
         layers_[0]->filename() + " is open read-only");
@@ -72,6 +75,8 @@ absl::Status Chain::CreateOverlay(const std::string& path,
         opts_.max_chain_depth, " images"));
   }
   Layer* old_top = layers_[0].get();
+  // Everything written so far reaches the old top before the overlay
+  // exists; its Close() below then has only the dirty bit left to do.
   RETURN_IF_ERROR(old_top->Flush());
 
   // Name the backing file the way a person would: by its base name when
@@ -94,21 +99,43 @@ absl::Status Chain::CreateOverlay(const std::string& path,
       dynamic_cast<Qcow2Layer*>(old_top) != nullptr ? "qcow2" : "raw";
   if (co.size == 0) co.size = size();
   co.opener = opts_.opener;
-  RETURN_IF_ERROR(CreateImage(path, co));
 
+  // On failure the chain stays as it was (the old top open and writable)
+  // and the half-made overlay goes away. Only a file this call created is
+  // removed; with an opener that keeps files elsewhere (in memory) there
+  // is nothing on disk to remove.
+  std::error_code ec;
+  const bool existed = fs::exists(new_path, ec) || ec;
+  auto fail = [&](const absl::Status& s) {
+    if (!existed) {
+      std::error_code ignored;
+      fs::remove(new_path, ignored);
+    }
+    return absl::Status(s.code(), absl::StrCat("creating overlay ", path,
+                                               " over ", old_top->filename(),
+                                               ": ", s.message()));
+  };
+  if (absl::Status s = CreateImage(path, co); !s.ok()) return fail(s);
   FileOpener* opener = opts_.opener ? opts_.opener : DefaultFileOpener();
   FileOptions fo;
   fo.read_only = false;
   fo.direct = opts_.direct_io;
-  ASSIGN_OR_RETURN(std::unique_ptr<File> file, opener->Open(path, fo));
+  absl::StatusOr<std::unique_ptr<File>> file = opener->Open(path, fo);
+  if (!file.ok()) return fail(file.status());
   OpenOptions oo = opts_;
   oo.read_write = true;
   oo.format = "qcow2";
-  ASSIGN_OR_RETURN(auto layer, Qcow2Layer::Open(std::move(file), oo));
-  // The old top stops taking writes: flush it and mark it clean.
-  RETURN_IF_ERROR(old_top->Close());
+  absl::StatusOr<std::unique_ptr<Qcow2Layer>> layer =
+      Qcow2Layer::Open(std::move(file).value(), oo);
+  if (!layer.ok()) return fail(layer.status());
+  // The old top stops taking writes: flush it and mark it clean. If that
+  // fails it stays open and is still the top.
+  if (absl::Status s = old_top->Close(); !s.ok()) {
+    layer->reset();  // close the overlay's file before removing it
+    return fail(s);
+  }
   if (Qcow2Layer* q = top_qcow2()) q->set_backing(nullptr);
-  layers_.insert(layers_.begin(), std::move(layer));
+  layers_.insert(layers_.begin(), std::move(layer).value());
   resolved_backing_.insert(resolved_backing_.begin(), top_path.string());
   ConnectBacking();
   return absl::OkStatus();

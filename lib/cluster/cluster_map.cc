@@ -77,7 +77,70 @@ absl::StatusOr<uint64_t> ClusterMap::L2TableFor(uint64_t cluster) {
         "L2 table offset 0x%x in L1 entry %d lies past the end of the file",
         off, l1_index));
   }
+  uint64_t at;
+  MetadataSet::Kind kind;
+  constexpr uint32_t kOtherTables = (1u << MetadataSet::kHeader) |
+                                    (1u << MetadataSet::kL1Table) |
+                                    (1u << MetadataSet::kRefcountTable) |
+                                    (1u << MetadataSet::kRefcountBlock);
+  if (metadata_ != nullptr &&
+      metadata_->Find(off, g_.cluster_size, kOtherTables, &at, &kind)) {
+    return Corrupt(absl::StrFormat(
+        "L2 table offset 0x%x in L1 entry %d overlaps %s", off, l1_index,
+        MetadataSet::Name(kind)));
+  }
   return off;
+}
+
+uint64_t ClusterMap::TrackedTable(uint64_t l1_entry) const {
+  // Entries a lookup refuses anyway (reserved bits, unaligned) are not
+  // tracked; past-the-end ones are, which costs nothing.
+  const uint64_t table = l1_entry & kEntryOffsetMask;
+  if ((l1_entry & kL1ReservedMask) || (table & (g_.cluster_size - 1))) {
+    return 0;
+  }
+  return table;
+}
+
+void ClusterMap::TrackL1(bool add) {
+  auto apply = [&](MetadataSet::Kind kind, uint64_t offset, uint64_t len) {
+    if (add) {
+      metadata_->Add(kind, offset, len);
+    } else {
+      metadata_->Remove(kind, offset, len);
+    }
+  };
+  apply(MetadataSet::kL1Table, l1_offset_, uint64_t{l1_.size()} * 8);
+  for (uint64_t e : l1_) {
+    const uint64_t table = TrackedTable(e);
+    if (table != 0) apply(MetadataSet::kL2Table, table, g_.cluster_size);
+  }
+}
+
+void ClusterMap::TrackMetadata(MetadataSet* metadata) {
+  metadata_ = metadata;
+  TrackL1(true);
+}
+
+void ClusterMap::SetL1(uint64_t index, uint64_t entry) {
+  if (metadata_ != nullptr) {
+    const uint64_t old_table = TrackedTable(l1_[index]);
+    if (old_table != 0) {
+      metadata_->Remove(MetadataSet::kL2Table, old_table, g_.cluster_size);
+    }
+    const uint64_t table = TrackedTable(entry);
+    if (table != 0) {
+      metadata_->Add(MetadataSet::kL2Table, table, g_.cluster_size);
+    }
+  }
+  l1_[index] = entry;
+}
+
+void ClusterMap::ReplaceL1(std::vector<uint64_t> l1, uint64_t offset) {
+  if (metadata_ != nullptr) TrackL1(false);
+  l1_ = std::move(l1);
+  l1_offset_ = offset;
+  if (metadata_ != nullptr) TrackL1(true);
 }
 
 absl::StatusOr<L2Ref> ClusterMap::Lookup(uint64_t cluster) {

@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "lib/cache/metadata_cache.h"
+#include "lib/cluster/metadata_set.h"
 #include "lib/format/header.h"
 #include "qcow2/file.h"
 
@@ -52,7 +53,10 @@ class ClusterMap {
   MetadataCache& l2_cache() { return l2_cache_; }
 
   // The L1 entry index and L2 table offset covering guest cluster
-  // `cluster` (0 when no L2 table is allocated). Validates the L1 entry.
+  // `cluster` (0 when no L2 table is allocated). Validates the L1 entry:
+  // reserved bits, alignment, the file end and, when metadata is tracked,
+  // overlap with the header, the L1 table, the refcount table and refcount
+  // blocks.
   absl::StatusOr<uint64_t> L2TableFor(uint64_t cluster);
 
   // Looks up the L2 entry of guest cluster `cluster`. Returns an empty ref
@@ -62,22 +66,33 @@ class ClusterMap {
   // Number of entries from `cluster` to the end of its slice.
   uint64_t EntriesLeftInSlice(uint64_t cluster) const;
 
-  // Replaces the in-memory L1 entry (the writer persists it).
-  void SetL1(uint64_t index, uint64_t entry) { l1_[index] = entry; }
-  void ReplaceL1(std::vector<uint64_t> l1, uint64_t offset) {
-    l1_ = std::move(l1);
-    l1_offset_ = offset;
-  }
+  // Replaces the in-memory L1 entry (the writer persists it), keeping the
+  // tracked metadata in step.
+  void SetL1(uint64_t index, uint64_t entry);
+  // Switches to a new L1 table at `offset` (after a header update).
+  void ReplaceL1(std::vector<uint64_t> l1, uint64_t offset);
 
-  // Bounds for validating offsets read from tables.
+  // Records the L1 table and every L2 table it names in `metadata`, and
+  // keeps them there as the L1 table changes. `metadata` is not owned and
+  // must outlive the map. For writable images.
+  void TrackMetadata(MetadataSet* metadata);
+
+  // Bounds for validating offsets read from tables: the file size known at
+  // open time, raised as tables are allocated.
   void set_file_limit(uint64_t bytes) { file_limit_ = bytes; }
   void RaiseFileLimit(uint64_t bytes) {
     if (bytes > file_limit_) file_limit_ = bytes;
   }
+  uint64_t file_limit() const { return file_limit_; }
 
   absl::Status Corrupt(const std::string& what) const;
 
  private:
+  // The L2 table an L1 entry names, as tracked in metadata_ (0: none).
+  uint64_t TrackedTable(uint64_t l1_entry) const;
+  // Adds (or removes) the L1 table and its L2 tables to metadata_.
+  void TrackL1(bool add);
+
   File* const file_;
   const std::string filename_;
   const Geometry g_;
@@ -85,6 +100,7 @@ class ClusterMap {
   uint64_t l1_offset_;
   MetadataCache l2_cache_;
   uint64_t file_limit_ = kMaxHostOffset;
+  MetadataSet* metadata_ = nullptr;  // writable images only
 };
 
 }  // namespace qcow2::internal

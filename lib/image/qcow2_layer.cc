@@ -133,6 +133,10 @@ absl::Status Qcow2Layer::OpenForWriting(const OpenOptions& opts) {
       [](uint64_t, uint32_t) { EmitEvent("l2-update"); });
   refcounts_->cache().set_write_hook(
       [](uint64_t, uint32_t) { EmitEvent("refblock-update"); });
+  metadata_ = std::make_unique<MetadataSet>(h.cluster_bits);
+  metadata_->Add(MetadataSet::kHeader, 0, h.cluster_size());
+  map_->TrackMetadata(metadata_.get());
+  refcounts_->TrackMetadata(metadata_.get());
   lazy_refcounts_ = (h.compatible_features & kCompatLazyRefcounts) != 0;
   writable_ = true;
   return absl::OkStatus();
@@ -193,22 +197,25 @@ absl::StatusOr<Extent> Qcow2Layer::Map(uint64_t offset, uint64_t max_len) {
   return first;
 }
 
-absl::StatusOr<Extent> Qcow2Layer::MapInCluster(const L2Ref& ref,
-                                                uint64_t offset,
-                                                uint64_t max_len) {
+uint64_t Qcow2Layer::HostLimit() const {
+  uint64_t limit = map_->file_limit();
+  if (refcounts_ != nullptr) {
+    // Clusters allocated since the open lie past the file size seen then.
+    limit = std::max(limit, refcounts_->end_cluster() << header_.cluster_bits);
+  }
+  return limit;
+}
+
+absl::Status Qcow2Layer::ValidateEntry(uint64_t entry, uint64_t bitmap,
+                                       uint64_t guest_offset) const {
   const Geometry& g = map_->geometry();
-  const uint64_t entry = ref.entry();
-  const uint64_t bitmap = ref.bitmap();
-  const uint64_t in_cluster = offset & (g.cluster_size - 1);
   const uint64_t host = entry & kEntryOffsetMask;
   auto corrupt = [&](const std::string& why) {
     return map_->Corrupt(absl::StrFormat(
         "L2 entry 0x%016x%s for guest offset 0x%x %s", entry,
         g.extended_l2 ? absl::StrFormat(" (bitmap 0x%016x)", bitmap) : "",
-        offset, why));
+        guest_offset, why));
   };
-
-  Extent e;
   if (entry & kOflagCompressed) {
     CompressedExtent c = DecodeCompressed(entry, g.cluster_bits);
     uint64_t end;
@@ -216,10 +223,11 @@ absl::StatusOr<Extent> Qcow2Layer::MapInCluster(const L2Ref& ref,
         c.host_offset < g.cluster_size) {
       return corrupt("points outside the image");
     }
-    e.kind = Extent::kCompressed;
-    e.entry = entry;
-    e.length = std::min(max_len, g.cluster_size - in_cluster);
-    return e;
+    if (g.extended_l2 && bitmap != 0) {
+      // The bitmap of a compressed cluster is reserved (all zero).
+      return corrupt("is compressed but has a non-zero subcluster bitmap");
+    }
+    return absl::OkStatus();
   }
   if (!g.extended_l2 && (entry & kL2StandardReservedMask)) {
     return corrupt("has reserved bits set");
@@ -235,6 +243,49 @@ absl::StatusOr<Extent> Qcow2Layer::MapInCluster(const L2Ref& ref,
   }
   if (host != 0 && host < g.cluster_size) {
     return corrupt("points into the header cluster");
+  }
+  if (host != 0 && host >= HostLimit()) {
+    return corrupt("points past the end of the file");
+  }
+  if (g.extended_l2) {
+    const uint32_t alloc = static_cast<uint32_t>(bitmap);
+    const uint32_t zero = static_cast<uint32_t>(bitmap >> 32);
+    if ((alloc & zero) != 0) {
+      return corrupt(
+          "has an invalid subcluster bitmap (subclusters both allocated and "
+          "zero)");
+    }
+    if (host == 0 && alloc != 0) {
+      return corrupt(
+          "has an invalid subcluster bitmap (allocated subclusters but no "
+          "host cluster)");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Extent> Qcow2Layer::MapInCluster(const L2Ref& ref,
+                                                uint64_t offset,
+                                                uint64_t max_len) {
+  const Geometry& g = map_->geometry();
+  const uint64_t entry = ref.entry();
+  const uint64_t bitmap = ref.bitmap();
+  const uint64_t in_cluster = offset & (g.cluster_size - 1);
+  const uint64_t host = entry & kEntryOffsetMask;
+  RETURN_IF_ERROR(ValidateEntry(entry, bitmap, offset));
+  auto corrupt = [&](const std::string& why) {
+    return map_->Corrupt(absl::StrFormat(
+        "L2 entry 0x%016x%s for guest offset 0x%x %s", entry,
+        g.extended_l2 ? absl::StrFormat(" (bitmap 0x%016x)", bitmap) : "",
+        offset, why));
+  };
+
+  Extent e;
+  if (entry & kOflagCompressed) {
+    e.kind = Extent::kCompressed;
+    e.entry = entry;
+    e.length = std::min(max_len, g.cluster_size - in_cluster);
+    return e;
   }
 
   int sc = static_cast<int>(in_cluster / g.subcluster_size);

@@ -12,6 +12,7 @@
 
 #include "lib/chain/layer.h"
 #include "lib/cluster/cluster_map.h"
+#include "lib/cluster/metadata_set.h"
 #include "lib/engine/plan.h"
 #include "lib/format/header.h"
 #include "lib/refcount/refcounts.h"
@@ -99,6 +100,17 @@ class Qcow2Layer : public Layer {
   // Maps within one cluster starting at `offset`.
   absl::StatusOr<Extent> MapInCluster(const L2Ref& ref, uint64_t offset,
                                       uint64_t max_len);
+  // Checks an L2 entry (and its subcluster bitmap) before it is acted on,
+  // by the read and the write path alike: reserved bits, host offsets
+  // unaligned, in the header cluster or past the end of the file, COPIED
+  // without an offset, inconsistent bitmaps, compressed descriptors outside
+  // the image. Returns kDataLoss naming the entry, `guest_offset` and the
+  // file.
+  absl::Status ValidateEntry(uint64_t entry, uint64_t bitmap,
+                             uint64_t guest_offset) const;
+  // Host offsets at or past this lie past the end of the file: its size at
+  // open time, raised by every cluster allocated since.
+  uint64_t HostLimit() const;
   absl::Status ReadCompressed(uint64_t entry, uint8_t* cluster_out);
   // Copies guest bytes out of a compressed cluster through the one-cluster
   // memo below (decompressing only when the entry differs).
@@ -131,7 +143,15 @@ class Qcow2Layer : public Layer {
   // Plans, carries out and commits the write of `data` into one cluster.
   absl::Status WriteClusterNow(uint64_t cluster, uint64_t in_cluster,
                                absl::Span<const uint8_t> data);
-  absl::Status ReleaseHost(uint64_t entry);
+  // Drops the reference the (validated) L2 entry `entry`/`bitmap` of guest
+  // offset `guest` holds on its host cluster(s).
+  absl::Status ReleaseHost(uint64_t entry, uint64_t bitmap, uint64_t guest);
+  // kDataLoss if the host cluster of `entry` (not compressed) holds
+  // metadata: freeing it, or writing it, would destroy that metadata.
+  absl::Status CheckNotMetadata(uint64_t entry, uint64_t guest) const;
+  // kDataLoss if guest data written at [host, host + len) would land on
+  // the header, the L1 table, an L2 table, the refcount table or a
+  // refcount block. O(clusters touched): one hash probe each.
   absl::Status CheckDataTarget(uint64_t host, uint64_t len) const;
   absl::Status WriteL1Entry(uint64_t index);
   absl::Status OrderL2AfterAllocation();
@@ -142,6 +162,9 @@ class Qcow2Layer : public Layer {
   std::unique_ptr<File> file_;
   Header header_;
   uint64_t file_size_;
+  // Metadata clusters (writable layers only); map_ and refcounts_ keep it
+  // up to date.
+  std::unique_ptr<MetadataSet> metadata_;
   std::unique_ptr<ClusterMap> map_;
   std::unique_ptr<Refcounts> refcounts_;
   BackingPlanner backing_;

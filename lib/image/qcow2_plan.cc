@@ -236,7 +236,10 @@ absl::Status Qcow2Layer::PlanWriteCluster(uint64_t cluster,
     return absl::OkStatus();
   }
 
-  // A new host cluster.
+  // A new host cluster. The old one (shared or compressed) is released
+  // after the L2 update: refuse now, before anything is allocated, if that
+  // would free metadata.
+  RETURN_IF_ERROR(CheckNotMetadata(entry, guest));
   ASSIGN_OR_RETURN(uint64_t fresh, refcounts_->Allocate(1));
   Count(&IoStats::cluster_allocations);
   plan->aborts.push_back([this, fresh] {
@@ -279,11 +282,11 @@ absl::Status Qcow2Layer::PlanWriteCluster(uint64_t cluster,
   plan->writes.push_back(std::move(op));
   const bool release = compressed || host != 0;
   const uint64_t new_bitmap = g.extended_l2 ? 0xffffffffull : 0;
-  plan->commits.push_back([this, ref, fresh, new_bitmap, release,
-                           entry]() mutable {
+  plan->commits.push_back([this, ref, fresh, new_bitmap, release, entry,
+                           bitmap, guest]() mutable {
     RETURN_IF_ERROR(OrderL2AfterAllocation());
     ref.Set(fresh | kOflagCopied, new_bitmap);
-    if (release) RETURN_IF_ERROR(ReleaseHost(entry));
+    if (release) RETURN_IF_ERROR(ReleaseHost(entry, bitmap, guest));
     return absl::OkStatus();
   });
   return absl::OkStatus();

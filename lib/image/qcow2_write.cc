@@ -39,7 +39,10 @@ absl::Status Qcow2Layer::WriteHeaderFields() {
 }
 
 absl::Status Qcow2Layer::PrepareWrite() {
-  if (closed_) return absl::FailedPreconditionError("image is closed");
+  if (closed_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(file_->name(), ": image is closed"));
+  }
   if (!writable_) {
     return absl::FailedPreconditionError(
         absl::StrCat(file_->name(), " is not open for writing",
@@ -76,6 +79,8 @@ absl::Status Qcow2Layer::CheckDataTarget(uint64_t host, uint64_t len) const {
   };
   const uint64_t cs = header_.cluster_size();
   const char* what = nullptr;
+  uint64_t at;
+  MetadataSet::Kind kind;
   if (overlaps(0, cs)) {
     what = "the header";
   } else if (overlaps(map_->l1_offset(), uint64_t{map_->l1().size()} * 8)) {
@@ -83,12 +88,32 @@ absl::Status Qcow2Layer::CheckDataTarget(uint64_t host, uint64_t len) const {
   } else if (overlaps(refcounts_->table_offset(),
                       uint64_t{refcounts_->table_clusters()} * cs)) {
     what = "the refcount table";
+  } else if (metadata_->Find(host, len, ~0u, &at, &kind)) {
+    // L2 tables and refcount blocks (and the tables, in case the lines
+    // above ever miss them).
+    what = MetadataSet::Name(kind);
   }
   if (what == nullptr) return absl::OkStatus();
   return absl::DataLossError(absl::StrFormat(
       "%s: corrupt image: refusing to write guest data at host offset 0x%x "
       "over %s",
       file_->name(), host, what));
+}
+
+absl::Status Qcow2Layer::CheckNotMetadata(uint64_t entry,
+                                          uint64_t guest) const {
+  if (entry & kOflagCompressed) return absl::OkStatus();
+  const uint64_t host = entry & kEntryOffsetMask;
+  uint64_t at;
+  MetadataSet::Kind kind;
+  if (host == 0 ||
+      !metadata_->Find(host, header_.cluster_size(), ~0u, &at, &kind)) {
+    return absl::OkStatus();
+  }
+  return map_->Corrupt(absl::StrFormat(
+      "L2 entry 0x%016x for guest offset 0x%x names host cluster 0x%x, "
+      "which holds %s",
+      entry, guest, host, MetadataSet::Name(kind)));
 }
 
 absl::Status Qcow2Layer::OrderL2AfterAllocation() {
@@ -98,7 +123,12 @@ absl::Status Qcow2Layer::OrderL2AfterAllocation() {
   return absl::OkStatus();
 }
 
-absl::Status Qcow2Layer::ReleaseHost(uint64_t entry) {
+absl::Status Qcow2Layer::ReleaseHost(uint64_t entry, uint64_t bitmap,
+                                     uint64_t guest) {
+  // Never trust an entry with a refcount: a bad one would free a cluster
+  // someone else owns.
+  RETURN_IF_ERROR(ValidateEntry(entry, bitmap, guest));
+  RETURN_IF_ERROR(CheckNotMetadata(entry, guest));
   RETURN_IF_ERROR(refcounts_->cache().SetDependency(&map_->l2_cache()));
   if (entry & kOflagCompressed) {
     CompressedExtent c = DecodeCompressed(entry, header_.cluster_bits);
@@ -127,7 +157,14 @@ absl::StatusOr<L2Ref> Qcow2Layer::L2ForWrite(uint64_t cluster) {
   }
   ASSIGN_OR_RETURN(uint64_t old_table, map_->L2TableFor(cluster));
   const uint64_t l1e = map_->l1()[idx];
-  if (old_table != 0 && (l1e & kOflagCopied)) return map_->Lookup(cluster);
+  if (old_table != 0) {
+    // Whatever the caller does with the entry, it must be sound: check it
+    // before anything is allocated or copied.
+    ASSIGN_OR_RETURN(L2Ref ref, map_->Lookup(cluster));
+    RETURN_IF_ERROR(
+        ValidateEntry(ref.entry(), ref.bitmap(), cluster << g.cluster_bits));
+    if (l1e & kOflagCopied) return ref;
+  }
 
   // A new table: fresh, or a private copy of a shared one.
   MetadataCache& cache = map_->l2_cache();
@@ -184,7 +221,10 @@ absl::Status Qcow2Layer::Grow(uint64_t new_size) {
   // table is freed last.
   EmitEvent("l1-grow");
   const uint64_t clusters = DivRoundUp(needed * 8, g.cluster_size);
-  ASSIGN_OR_RETURN(uint64_t table, refcounts_->Allocate(clusters));
+  absl::StatusOr<uint64_t> allocated = refcounts_->Allocate(clusters);
+  // kDataLoss (corrupt refcounts) marks the image corrupt.
+  if (!allocated.ok()) return Fail(allocated.status());
+  const uint64_t table = *allocated;
   std::vector<uint64_t> l1 = map_->l1();
   l1.resize(needed, 0);
   std::vector<uint8_t> raw(clusters * g.cluster_size, 0);
@@ -239,13 +279,18 @@ absl::Status Qcow2Layer::Flush() {
 
 absl::Status Qcow2Layer::Close() {
   if (closed_) return absl::OkStatus();
-  absl::Status s = Flush();
-  if (s.ok() && writable_ && (header_.incompatible_features & kIncompatDirty)) {
+  // On failure the layer stays open (and writable, unless marked corrupt):
+  // the caller may retry, or keep using it.
+  RETURN_IF_ERROR(Flush());
+  if (writable_ && (header_.incompatible_features & kIncompatDirty)) {
     header_.incompatible_features &= ~kIncompatDirty;
-    s = WriteHeaderFields();
+    if (absl::Status s = WriteHeaderFields(); !s.ok()) {
+      header_.incompatible_features |= kIncompatDirty;
+      return s;
+    }
   }
   closed_ = true;
-  return s;
+  return absl::OkStatus();
 }
 
 }  // namespace qcow2::internal

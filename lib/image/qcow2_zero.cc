@@ -28,6 +28,10 @@ absl::Status Qcow2Layer::ZeroCluster(uint64_t cluster, bool free_clusters) {
   }
   const uint64_t entry = ref.slice ? ref.entry() : 0;
   const uint64_t bitmap = ref.slice ? ref.bitmap() : 0;
+  const uint64_t guest = cluster << g.cluster_bits;
+  // The entry decides what is freed or kept: check it first.
+  RETURN_IF_ERROR(ValidateEntry(entry, bitmap, guest));
+  RETURN_IF_ERROR(CheckNotMetadata(entry, guest));
   if (entry == 0 && bitmap == 0 && !backing_) return absl::OkStatus();
   const uint64_t host = entry & kEntryOffsetMask;
   const bool owned =
@@ -49,7 +53,7 @@ absl::Status Qcow2Layer::ZeroCluster(uint64_t cluster, bool free_clusters) {
     }
     if (entry == 0) return absl::OkStatus();
     ref.Set(0, 0);
-    return ReleaseHost(entry);
+    return ReleaseHost(entry, bitmap, guest);
   }
 
   if (ref.slice == nullptr) {
@@ -61,7 +65,7 @@ absl::Status Qcow2Layer::ZeroCluster(uint64_t cluster, bool free_clusters) {
     ref.Set(keep ? (host | kOflagCopied | kOflagZero) : kOflagZero, 0);
   }
   if (!keep && (host != 0 || (entry & kOflagCompressed))) {
-    RETURN_IF_ERROR(ReleaseHost(entry));
+    RETURN_IF_ERROR(ReleaseHost(entry, bitmap, guest));
   }
   return absl::OkStatus();
 }

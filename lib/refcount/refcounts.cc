@@ -51,6 +51,39 @@ absl::Status Refcounts::Corrupt(const std::string& what) const {
   return absl::DataLossError(absl::StrCat(filename_, ": corrupt image: ", what));
 }
 
+uint64_t Refcounts::TrackedBlock(uint64_t entry) const {
+  if ((entry & ~kRefTableOffsetMask) || (entry & (cluster_size_ - 1)) ||
+      entry >= kMaxHostOffset) {
+    return 0;  // Get() refuses such an entry anyway
+  }
+  return entry;
+}
+
+void Refcounts::TrackMetadata(MetadataSet* metadata) {
+  metadata_ = metadata;
+  metadata_->Add(MetadataSet::kRefcountTable, table_offset_,
+                 uint64_t{table_clusters_} << cluster_bits_);
+  for (uint64_t e : table_) {
+    if (uint64_t b = TrackedBlock(e); b != 0) {
+      metadata_->Add(MetadataSet::kRefcountBlock, b, cluster_size_);
+    }
+  }
+}
+
+absl::Status Refcounts::CheckNotMetadata(uint64_t cluster,
+                                         const char* why) const {
+  uint64_t at;
+  MetadataSet::Kind kind;
+  if (metadata_ == nullptr ||
+      !metadata_->Find(cluster << cluster_bits_, cluster_size_, ~0u, &at,
+                       &kind)) {
+    return absl::OkStatus();
+  }
+  return Corrupt(absl::StrFormat("cluster 0x%x holds %s, yet %s",
+                                 cluster << cluster_bits_,
+                                 MetadataSet::Name(kind), why));
+}
+
 uint64_t Refcounts::ReadEntry(const uint8_t* block, uint64_t index) const {
   switch (refcount_order_) {
     case 0:
@@ -135,6 +168,9 @@ absl::StatusOr<uint64_t> Refcounts::FindFree(uint64_t n) {
       start = c + 1;
       c = start;
     } else {
+      // Refcount 0 on a cluster the image uses for metadata: the refcounts
+      // are wrong, and handing it out would overwrite the metadata.
+      RETURN_IF_ERROR(CheckNotMetadata(c, "its refcount is 0"));
       ++c;
     }
   }
@@ -193,6 +229,10 @@ absl::StatusOr<bool> Refcounts::EnsureBlock(uint64_t cluster) {
       table_[idx] = b << cluster_bits_;
       s = WriteTableEntry(idx);
       if (!s.ok()) table_[idx] = 0;
+    }
+    if (s.ok() && metadata_ != nullptr) {
+      metadata_->Add(MetadataSet::kRefcountBlock, b << cluster_bits_,
+                     cluster_size_);
     }
     if (!s.ok()) {
       // The block is not linked: forget it, or a later write-back could
@@ -263,6 +303,17 @@ absl::Status Refcounts::GrowTable(uint64_t needed_index) {
   table_offset_ = place << cluster_bits_;
   table_clusters_ = static_cast<uint32_t>(table_clusters);
   NoteEnd(area_end);
+  if (metadata_ != nullptr) {
+    metadata_->Remove(MetadataSet::kRefcountTable, old_offset,
+                      old_clusters << cluster_bits_);
+    metadata_->Add(MetadataSet::kRefcountTable, table_offset_,
+                   table_clusters << cluster_bits_);
+    for (uint64_t j = 0; j < blocks; ++j) {
+      metadata_->Add(MetadataSet::kRefcountBlock,
+                     (place + table_clusters + j) << cluster_bits_,
+                     cluster_size_);
+    }
+  }
   // The header no longer points at the old table: release it.
   return Update(old_offset, old_clusters << cluster_bits_, -1);
 }
@@ -295,6 +346,9 @@ absl::Status Refcounts::Update(uint64_t offset, uint64_t len, int64_t delta) {
           c << cluster_bits_, 1u << refcount_order_));
     }
     next = cur + delta;
+    if (next == 0) {
+      RETURN_IF_ERROR(CheckNotMetadata(c, "its refcount would drop to 0"));
+    }
     WriteEntry(block->data.data(), c % block_entries_, next);
     cache_.MarkDirty(block);
     if (next == 0) {

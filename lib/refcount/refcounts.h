@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "lib/cache/metadata_cache.h"
+#include "lib/cluster/metadata_set.h"
 #include "qcow2/file.h"
 
 namespace qcow2::internal {
@@ -47,6 +48,13 @@ class Refcounts {
 
   void set_header_writer(HeaderWriter w) { header_writer_ = std::move(w); }
 
+  // Records the refcount table and every refcount block it names in
+  // `metadata` and keeps them there as the table changes. From then on the
+  // allocator refuses (kDataLoss) to hand out a metadata cluster whose
+  // refcount claims it is free, and no count of a metadata cluster may drop
+  // to 0. `metadata` is not owned and must outlive this object.
+  void TrackMetadata(MetadataSet* metadata);
+
   uint64_t cluster_size() const { return cluster_size_; }
   uint64_t max_refcount() const { return max_refcount_; }
   uint64_t table_offset() const { return table_offset_; }
@@ -58,12 +66,14 @@ class Refcounts {
   absl::StatusOr<uint64_t> Get(uint64_t cluster);
 
   // Adds `delta` to every cluster overlapping [offset, offset + len).
-  // Fails with kDataLoss on underflow or overflow (nothing is changed then
-  // for the failing cluster).
+  // Fails with kDataLoss on underflow or overflow, or when the count of a
+  // tracked metadata cluster would drop to 0 (nothing is changed then for
+  // the failing cluster).
   absl::Status Update(uint64_t offset, uint64_t len, int64_t delta);
 
   // Allocates `n` contiguous clusters with refcount 1 and returns the byte
-  // offset of the first.
+  // offset of the first. Fails with kDataLoss if the search meets a cluster
+  // with refcount 0 that holds tracked metadata (corrupt refcounts).
   absl::StatusOr<uint64_t> Allocate(uint64_t n);
 
   // Writes dirty refcount blocks (not the file flush) and lets clusters
@@ -104,6 +114,11 @@ class Refcounts {
   absl::Status WriteTableEntry(uint64_t index);
   absl::Status Corrupt(const std::string& what) const;
   bool Quarantined(uint64_t cluster, uint64_t n) const;
+  // A refcount table entry as a tracked block offset (0: none or invalid).
+  uint64_t TrackedBlock(uint64_t entry) const;
+  // kDataLoss if host cluster `cluster` holds tracked metadata; `why` says
+  // what was about to happen to it.
+  absl::Status CheckNotMetadata(uint64_t cluster, const char* why) const;
 
   File* const file_;
   const std::string filename_;
@@ -118,6 +133,7 @@ class Refcounts {
   MetadataCache cache_;
   HeaderWriter header_writer_;
   std::function<void(uint64_t)> free_hook_;
+  MetadataSet* metadata_ = nullptr;
   uint64_t free_hint_ = 0;
   uint64_t end_cluster_ = 0;
   // Clusters freed since the last flush: [start, end) cluster ranges.
