@@ -179,5 +179,40 @@ TEST(StatsTest, ReadsAndQueueCountersAddUp) {
   EXPECT_EQ(image->GetStats().Since(before).guest_read_ops, 2u);
 }
 
+// Write-zeroes and discard on a raw file are one zero-range call each, run
+// by the queue's ring.
+TEST(StatsTest, RawZeroRangeThroughQueue) {
+  TempDir dir;
+  const std::string path = dir.File("disk.raw");
+  CreateOptions co;
+  co.format = ImageFormat::kRaw;
+  co.size = 4 << 20;
+  ASSERT_OK(CreateImage(path, co));
+  OpenOptions rw;
+  rw.read_write = true;
+  rw.format = "raw";
+  ASSERT_OK_AND_ASSIGN(auto image, Image::Open(path, rw));
+  ASSERT_OK(image->Write(0, std::vector<uint8_t>(4 << 20, 0x77)));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Queue> q, image->CreateQueue());
+  absl::Status z, d;
+  ASSERT_OK(q->SubmitWriteZeroes(4096, 65536, false,
+                                 [&](absl::Status s) { z = s; }));
+  ASSERT_OK(q->SubmitDiscard(1 << 20, 8192, [&](absl::Status s) { d = s; }));
+  q->Drain();
+  ASSERT_OK(z);
+  ASSERT_OK(d);
+  const IoStats st = q->stats();
+  EXPECT_EQ(st.host_zero_ops, 2u);
+  EXPECT_EQ(st.host_zero_bytes, 65536u + 8192u);
+  EXPECT_EQ(st.host_data_write_bytes, 0u);
+  std::vector<uint8_t> back(4 << 20);
+  ASSERT_OK(image->Read(0, absl::MakeSpan(back)));
+  for (uint64_t i = 0; i < back.size(); ++i) {
+    const bool zero = (i >= 4096 && i < 4096 + 65536) ||
+                      (i >= (1 << 20) && i < (1 << 20) + 8192);
+    ASSERT_EQ(back[i], zero ? 0 : 0x77) << i;
+  }
+}
+
 }  // namespace
 }  // namespace qcow2
