@@ -162,7 +162,9 @@ TEST_P(ConcurrencyTest, RandomOverlappingOpsMatchSerialModel) {
   std::vector<std::thread> threads;
   for (int q = 0; q < cfg.queues; ++q) threads.emplace_back(worker, q);
   for (auto& t : threads) t.join();
-  if (cfg.use_io_uring) EXPECT_EQ(uring_queues.load(), cfg.queues);
+  if (cfg.use_io_uring) {
+    EXPECT_EQ(uring_queues.load(), cfg.queues);
+  }
 
   // Replay in arrival order.
   std::vector<LoggedOp*> all;

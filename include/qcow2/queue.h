@@ -9,7 +9,8 @@
 // Threading contract:
 //  - A Queue belongs to one thread at a time: that thread submits, polls and
 //    gets the completion callbacks (they run only inside Poll() and
-//    Drain(), never inside a Submit call). Give each vCPU or iothread its
+//    Drain(), never inside a Submit call). A callback may submit new
+//    requests on the same queue. Give each vCPU or iothread its
 //    own Queue; one image serves any number of queues at once, and its
 //    caches and allocator are shared among them safely.
 //  - Requests from any queues that touch different guest clusters run in
@@ -47,8 +48,8 @@ class QueueImpl;
 }
 
 struct QueueOptions {
-  // Maximum requests in flight; Submit* fails with kResourceExhausted
-  // beyond it.
+  // Maximum requests in flight (flushes included); Submit* fails with
+  // kResourceExhausted beyond it.
   int depth = 128;
   // false: never try io_uring (run requests synchronously).
   bool use_io_uring = true;

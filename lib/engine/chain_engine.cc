@@ -126,13 +126,17 @@ void Chain::PlanLocked(Request* r) {
       (discard ? st.guest_discard_ops : st.guest_zero_ops)++;
       (discard ? st.guest_discard_bytes : st.guest_zero_bytes) += r->len;
       if (r->len == 0) break;
-      // Mostly metadata: done here, under the lock.
+      // qcow2: mostly metadata, done here under the lock.
       if (top != nullptr) {
         r->status = top->Zero(r->offset, r->len, discard || r->unmap);
       } else {
-        st.host_zero_ops++;
-        st.host_zero_bytes += r->len;
-        r->status = layers_[0]->file()->WriteZeroes(r->offset, r->len);
+        // A raw file: one zero-range call, run by the executor.
+        IoOp op;
+        op.file = layers_[0]->file();
+        op.offset = r->offset;
+        op.bytes = r->len;
+        op.zero_range = true;
+        r->plan.writes.push_back(std::move(op));
       }
       break;
     }

@@ -62,6 +62,7 @@ void IoPlan::CoalesceWrites() {
     if (!out.empty()) {
       IoOp& last = out.back();
       if (last.file == op.file && last.offset + last.bytes == op.offset &&
+          !last.zero_range && !op.zero_range &&
           last.iov.size() + op.iov.size() <= kMaxIov) {
         last.iov.insert(last.iov.end(), op.iov.begin(), op.iov.end());
         last.bytes += op.bytes;
@@ -86,6 +87,11 @@ void IoPlan::Clear() {
 
 void CountIo(const IoOp& op, bool write, IoStats* stats) {
   if (stats == nullptr) return;
+  if (op.zero_range) {
+    stats->host_zero_ops++;
+    stats->host_zero_bytes += op.bytes;
+    return;
+  }
   if (write) {
     stats->host_data_write_bytes += op.guest_bytes;
     stats->cow_write_bytes += op.bytes - op.guest_bytes;
@@ -98,7 +104,9 @@ void CountIo(const IoOp& op, bool write, IoStats* stats) {
 
 absl::Status RunOp(IoOp& op, bool write) {
   absl::Status s;
-  if (op.iov.size() == 1) {
+  if (op.zero_range) {
+    s = op.file->WriteZeroes(op.offset, op.bytes);
+  } else if (op.iov.size() == 1) {
     auto* base = static_cast<uint8_t*>(op.iov[0].iov_base);
     s = write ? op.file->WriteAt(op.offset,
                                  absl::MakeConstSpan(base, op.iov[0].iov_len))

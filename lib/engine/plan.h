@@ -32,6 +32,8 @@ struct IoOp {
   // Bytes of a write that are the guest's own; the rest count as COW.
   uint64_t guest_bytes = 0;
   IoCategory category = IoCategory::kGuestData;
+  // A write of `bytes` zeros with a zero-range call (no iovecs).
+  bool zero_range = false;
   // Executor state: progress (short transfers are resubmitted), the
   // request, the kind of operation, and the iovecs still to do.
   uint64_t done = 0;

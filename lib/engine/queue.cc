@@ -3,6 +3,7 @@
 // on the ring with no lock held. Files that are not the library's own
 // PosixFile, and I/O the ring cannot take as is (unaligned O_DIRECT), run
 // synchronously on the calling thread.
+#include <linux/falloc.h>
 #include <liburing.h>
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -263,6 +264,9 @@ class QueueImpl final : public Waiter, public Chain::StatsSource {
     }
     if (op->type == kOpFlush) {
       io_uring_prep_fsync(sqe, op->fd, IORING_FSYNC_DATASYNC);
+    } else if (op->zero_range) {
+      io_uring_prep_fallocate(sqe, op->fd, FALLOC_FL_ZERO_RANGE, op->offset,
+                              op->bytes);
     } else {
       const iovec* iov = op->iov.data();
       size_t n = op->iov.size();
@@ -341,6 +345,23 @@ class QueueImpl final : public Waiter, public Chain::StatsSource {
     auto* r = static_cast<Request*>(op->request);
     if (res == -EINTR || res == -EAGAIN) {
       Prep(op);
+      return;
+    }
+    if (op->zero_range && res < 0) {
+      // No zero-range here (EOPNOTSUPP, EINVAL): the File's own fallbacks.
+      absl::Status s = RunOp(*op, true);
+      if (s.ok()) {
+        CountIo(*op, true, &r->stats);
+      } else {
+        Fail(r, std::move(s));
+      }
+      if (--r->pending == 0) Advance(r);
+      return;
+    }
+    if (op->zero_range) {
+      op->done = op->bytes;
+      CountIo(*op, true, &r->stats);
+      if (--r->pending == 0) Advance(r);
       return;
     }
     if (res < 0) {

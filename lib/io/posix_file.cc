@@ -6,6 +6,7 @@
 #include <linux/fs.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <linux/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -216,8 +217,14 @@ AlignedBuffer::AlignedBuffer(size_t size, size_t alignment) : size_(size) {
 AlignedBuffer::~AlignedBuffer() { std::free(data_); }
 
 absl::StatusOr<uint32_t> ProbeDirectAlignment(int fd) {
-  // The logical block size of the device under the file; 4096 covers every
-  // common device when it cannot be learned.
+  // What the kernel says direct I/O needs for this file (Linux >= 6.1),
+  // else the logical block size of a block device; 4096 covers every
+  // common device when neither can be learned.
+  struct statx sx;
+  if (::statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 &&
+      (sx.stx_mask & STATX_DIOALIGN) && sx.stx_dio_offset_align > 0) {
+    return std::max(sx.stx_dio_offset_align, sx.stx_dio_mem_align);
+  }
   struct stat st;
   if (::fstat(fd, &st) == 0 && S_ISBLK(st.st_mode)) {
     int bs = 0;

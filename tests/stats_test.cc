@@ -1,0 +1,218 @@
+// The I/O counters (qcow2/stats.h) are exact on small scripted workloads:
+// every host byte a guest request causes is counted once, under the right
+// heading.
+#include "gtest/gtest.h"
+#include "qcow2/image.h"
+#include "tests/util/model.h"
+#include "tests/util/test_util.h"
+
+namespace qcow2 {
+namespace {
+
+using testing::TempDir;
+
+constexpr uint64_t kCluster = 65536;
+constexpr uint64_t kDisk = 16 << 20;
+
+// A backing file written everywhere, and a fresh overlay over it.
+std::unique_ptr<Image> FreshOverlay(const TempDir& dir, bool extended_l2) {
+  CreateOptions base;
+  base.size = kDisk;
+  EXPECT_OK(CreateImage(dir.File("base.qcow2"), base));
+  OpenOptions rw;
+  rw.read_write = true;
+  {
+    auto b = Image::Open(dir.File("base.qcow2"), rw);
+    EXPECT_TRUE(b.ok());
+    std::vector<uint8_t> chunk(1 << 20);
+    for (uint64_t off = 0; off < kDisk; off += chunk.size()) {
+      testing::FillPseudoRandom(off, absl::MakeSpan(chunk));
+      EXPECT_OK((*b)->Write(off, chunk));
+    }
+    EXPECT_OK((*b)->Close());
+  }
+  CreateOptions top;
+  top.size = kDisk;
+  top.cluster_size = kCluster;
+  top.extended_l2 = extended_l2;
+  top.backing_file = "base.qcow2";
+  top.backing_format = "qcow2";
+  EXPECT_OK(CreateImage(dir.File("top.qcow2"), top));
+  auto image = Image::Open(dir.File("top.qcow2"), rw);
+  EXPECT_TRUE(image.ok()) << image.status();
+  return std::move(*image);
+}
+
+TEST(StatsTest, SmallWriteIntoFreshClusterCopiesTheRest) {
+  TempDir dir;
+  auto image = FreshOverlay(dir, false);
+  const IoStats before = image->GetStats();
+  std::vector<uint8_t> data(4096, 0xab);
+  // Inside cluster 3, 8 KiB in: a head of 8 KiB and a tail of 52 KiB.
+  ASSERT_OK(image->Write(3 * kCluster + 8192, data));
+  const IoStats s = image->GetStats().Since(before);
+  EXPECT_EQ(s.guest_write_ops, 1u);
+  EXPECT_EQ(s.guest_write_bytes, 4096u);
+  EXPECT_EQ(s.cow_read_bytes, kCluster - 4096);
+  EXPECT_EQ(s.host_data_read_bytes, 0u);
+  EXPECT_EQ(s.host_data_write_bytes, 4096u);
+  EXPECT_EQ(s.cow_write_bytes, kCluster - 4096);
+  EXPECT_EQ(s.cluster_allocations, 1u);
+  EXPECT_EQ(s.cow_head_copies, 1u);
+  EXPECT_EQ(s.cow_tail_copies, 1u);
+  EXPECT_EQ(s.cow_skipped_full, 0u);
+  // Metadata of a first write into an empty overlay: a new L2 table (all of
+  // it written once, after the refcount block that counts it and a file
+  // flush; then another flush before its L1 entry). No header write: lazy
+  // refcounts are off.
+  EXPECT_EQ(s.l2_table_allocations, 1u);
+  EXPECT_EQ(s.l2_write_bytes, kCluster);
+  EXPECT_EQ(s.refcount_write_bytes, kCluster);
+  EXPECT_EQ(s.l1_write_bytes, 8u);
+  EXPECT_EQ(s.header_write_bytes, 0u);
+  EXPECT_EQ(s.host_flushes, 2u);
+  EXPECT_EQ(s.host_write_bytes(), kCluster + kCluster + kCluster + 8);
+
+  // The flush writes the changed L2 slice and refcount block.
+  const IoStats mid = image->GetStats();
+  ASSERT_OK(image->Flush());
+  const IoStats f = image->GetStats().Since(mid);
+  EXPECT_EQ(f.guest_flush_ops, 1u);
+  EXPECT_EQ(f.l2_write_bytes, 4096u);  // one 4 KiB slice
+  EXPECT_EQ(f.refcount_write_bytes, kCluster);
+  EXPECT_EQ(f.host_data_write_bytes + f.cow_write_bytes, 0u);
+  // L2 waits for the data (one flush) and the refcounts; then the final
+  // flush.
+  EXPECT_GE(f.host_flushes, 2u);
+
+  // The cluster is ours now: the next small write goes in place.
+  const IoStats again = image->GetStats();
+  ASSERT_OK(image->Write(3 * kCluster + 32768, data));
+  const IoStats t = image->GetStats().Since(again);
+  EXPECT_EQ(t.cow_read_bytes, 0u);
+  EXPECT_EQ(t.cow_write_bytes, 0u);
+  EXPECT_EQ(t.host_data_write_bytes, 4096u);
+  EXPECT_EQ(t.cluster_allocations, 0u);
+  EXPECT_EQ(t.metadata_write_bytes(), 0u);
+
+  // The data is right, as qemu-img sees it too.
+  ASSERT_OK(image->Close());
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> qemu,
+                       testing::QemuReadAll(dir.File("top.qcow2")));
+  std::vector<uint8_t> expect(kDisk);
+  testing::FillPseudoRandom(0, absl::MakeSpan(expect).subspan(0, 1 << 20));
+  for (int i = 0; i < 4096; ++i) {
+    ASSERT_EQ(qemu[3 * kCluster + 8192 + i], 0xab);
+    ASSERT_EQ(qemu[3 * kCluster + 32768 + i], 0xab);
+  }
+  EXPECT_EQ(qemu[3 * kCluster + 8191], expect[3 * kCluster + 8191]);
+  EXPECT_EQ(qemu[3 * kCluster + 12288], expect[3 * kCluster + 12288]);
+}
+
+TEST(StatsTest, WholeClusterWriteSkipsTheCopy) {
+  TempDir dir;
+  auto image = FreshOverlay(dir, false);
+  std::vector<uint8_t> data(kCluster, 0x5a);
+  ASSERT_OK(image->Write(0, std::vector<uint8_t>(4096, 1)));  // L2 table
+  const IoStats before = image->GetStats();
+  ASSERT_OK(image->Write(5 * kCluster, data));
+  const IoStats s = image->GetStats().Since(before);
+  EXPECT_EQ(s.cow_read_bytes, 0u);
+  EXPECT_EQ(s.cow_write_bytes, 0u);
+  EXPECT_EQ(s.host_data_write_bytes, kCluster);
+  EXPECT_EQ(s.cow_skipped_full, 1u);
+  EXPECT_EQ(s.cluster_allocations, 1u);
+  EXPECT_EQ(s.metadata_write_bytes(), 0u);  // until the next flush
+}
+
+TEST(StatsTest, SubclusterWriteCopiesNothing) {
+  TempDir dir;
+  auto image = FreshOverlay(dir, true);
+  ASSERT_OK(image->Write(0, std::vector<uint8_t>(4096, 1)));  // L2 table
+  const IoStats before = image->GetStats();
+  // 64 KiB clusters have 2 KiB subclusters: 4 KiB aligned covers two.
+  ASSERT_OK(image->Write(7 * kCluster + 8192, std::vector<uint8_t>(4096, 2)));
+  const IoStats s = image->GetStats().Since(before);
+  EXPECT_EQ(s.cow_read_bytes, 0u);
+  EXPECT_EQ(s.cow_write_bytes, 0u);
+  EXPECT_EQ(s.host_data_write_bytes, 4096u);
+  EXPECT_EQ(s.cluster_allocations, 1u);
+  EXPECT_EQ(s.cow_skipped_full, 1u);
+  // A 1 KiB write pads to its 2 KiB subcluster.
+  const IoStats mid = image->GetStats();
+  ASSERT_OK(image->Write(9 * kCluster + 512, std::vector<uint8_t>(1024, 3)));
+  const IoStats t = image->GetStats().Since(mid);
+  EXPECT_EQ(t.cow_read_bytes, 1024u);
+  EXPECT_EQ(t.cow_write_bytes, 1024u);
+  EXPECT_EQ(t.host_data_write_bytes, 1024u);
+  ASSERT_OK(image->Close());
+  testing::CommandResult check = testing::QemuCheck(dir.File("top.qcow2"));
+  EXPECT_EQ(check.exit_code, 0) << check.out;
+}
+
+TEST(StatsTest, ReadsAndQueueCountersAddUp) {
+  TempDir dir;
+  auto image = FreshOverlay(dir, false);
+  ASSERT_OK(image->Write(0, std::vector<uint8_t>(kCluster, 1)));
+  const IoStats before = image->GetStats();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Queue> q, image->CreateQueue());
+  // 8 KiB from the overlay's cluster 0 and 8 KiB from the backing file.
+  std::vector<uint8_t> a(8192), b(8192);
+  int done = 0;
+  ASSERT_OK(q->SubmitRead(kCluster - 8192, absl::MakeSpan(a),
+                          [&](absl::Status s) { EXPECT_OK(s); ++done; }));
+  ASSERT_OK(q->SubmitRead(kCluster, absl::MakeSpan(b),
+                          [&](absl::Status s) { EXPECT_OK(s); ++done; }));
+  q->Drain();
+  EXPECT_EQ(done, 2);
+  const IoStats qs = q->stats();
+  EXPECT_EQ(qs.guest_read_ops, 2u);
+  EXPECT_EQ(qs.guest_read_bytes, 16384u);
+  EXPECT_EQ(qs.host_data_read_bytes, 16384u);
+  EXPECT_EQ(qs.cow_read_bytes, 0u);
+  EXPECT_EQ(qs.host_write_bytes(), 0u);
+  const IoStats is = image->GetStats().Since(before);
+  EXPECT_EQ(is.guest_read_bytes, qs.guest_read_bytes);
+  EXPECT_EQ(is.host_data_read_bytes, qs.host_data_read_bytes);
+  q.reset();
+  // A queue's counters stay in the image total after it is gone.
+  EXPECT_EQ(image->GetStats().Since(before).guest_read_ops, 2u);
+}
+
+// Write-zeroes and discard on a raw file are one zero-range call each, run
+// by the queue's ring.
+TEST(StatsTest, RawZeroRangeThroughQueue) {
+  TempDir dir;
+  const std::string path = dir.File("disk.raw");
+  CreateOptions co;
+  co.format = ImageFormat::kRaw;
+  co.size = 4 << 20;
+  ASSERT_OK(CreateImage(path, co));
+  OpenOptions rw;
+  rw.read_write = true;
+  rw.format = "raw";
+  ASSERT_OK_AND_ASSIGN(auto image, Image::Open(path, rw));
+  ASSERT_OK(image->Write(0, std::vector<uint8_t>(4 << 20, 0x77)));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Queue> q, image->CreateQueue());
+  absl::Status z, d;
+  ASSERT_OK(q->SubmitWriteZeroes(4096, 65536, false,
+                                 [&](absl::Status s) { z = s; }));
+  ASSERT_OK(q->SubmitDiscard(1 << 20, 8192, [&](absl::Status s) { d = s; }));
+  q->Drain();
+  ASSERT_OK(z);
+  ASSERT_OK(d);
+  const IoStats st = q->stats();
+  EXPECT_EQ(st.host_zero_ops, 2u);
+  EXPECT_EQ(st.host_zero_bytes, 65536u + 8192u);
+  EXPECT_EQ(st.host_data_write_bytes, 0u);
+  std::vector<uint8_t> back(4 << 20);
+  ASSERT_OK(image->Read(0, absl::MakeSpan(back)));
+  for (uint64_t i = 0; i < back.size(); ++i) {
+    const bool zero = (i >= 4096 && i < 4096 + 65536) ||
+                      (i >= (1 << 20) && i < (1 << 20) + 8192);
+    ASSERT_EQ(back[i], zero ? 0 : 0x77) << i;
+  }
+}
+
+}  // namespace
+}  // namespace qcow2
