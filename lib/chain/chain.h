@@ -105,6 +105,7 @@ class Chain {
   void ConnectBacking();
 
   void PlanLocked(Request* r);
+  absl::Status ClosedError() const;
   bool Conflicts(const Request* a, const Request* b) const;
   void GrantWaiters();
 

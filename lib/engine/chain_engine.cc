@@ -34,9 +34,14 @@ class SyncWaiter : public Waiter {
 
 }  // namespace
 
+absl::Status Chain::ClosedError() const {
+  return absl::FailedPreconditionError(
+      absl::StrCat(layers_[0]->filename(), ": image is closed"));
+}
+
 absl::Status Chain::Validate(const Request& r) const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (closed_) return absl::FailedPreconditionError("image is closed");
+  if (closed_) return ClosedError();
   if (r.kind == Request::kFlush) return absl::OkStatus();
   if (r.kind != Request::kRead) RETURN_IF_ERROR(CheckWritable());
   return CheckRange(r.offset, r.len);
@@ -51,7 +56,7 @@ bool Chain::Begin(Request* r) {
   std::lock_guard<std::mutex> lock(mu_);
   StatsScope scope(&r->stats);
   if (closed_) {
-    r->status = absl::FailedPreconditionError("image is closed");
+    r->status = ClosedError();
     return true;
   }
   if (r->kind != Request::kFlush) {
@@ -143,7 +148,7 @@ void Chain::PlanLocked(Request* r) {
     case Request::kFlush:
       st.guest_flush_ops++;
       if (closed_) {
-        r->status = absl::FailedPreconditionError("image is closed");
+        r->status = ClosedError();
         break;
       }
       if (!writable_) break;
