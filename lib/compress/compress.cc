@@ -127,6 +127,13 @@ class ZstdDecoder {
     return ctx_;
   }
 
+  // After a failed frame the context keeps state that a reset does not
+  // clear (a later damaged frame could then be accepted): start over.
+  void Discard() {
+    ZSTD_freeDCtx(ctx_);
+    ctx_ = nullptr;
+  }
+
  private:
   ZSTD_DCtx* ctx_ = nullptr;
 };
@@ -216,6 +223,7 @@ absl::Status ZstdDecompressCluster(absl::Span<const uint8_t> in,
     const size_t out_before = output.pos;
     const size_t ret = ZSTD_decompressStream(dctx, &output, &input);
     if (ZSTD_isError(ret)) {
+      decoder.Discard();
       // Bytes after a complete frame that are not another frame are just
       // the sector padding: the frame was too short.
       if (frame_done) return ShortOutput(output.pos, out.size(), "");
@@ -228,6 +236,7 @@ absl::Status ZstdDecompressCluster(absl::Span<const uint8_t> in,
     }
     if (input.pos == in_before && output.pos == out_before) {
       // Input exhausted (each call consumes or flushes all it can).
+      decoder.Discard();
       return ShortOutput(output.pos, out.size(),
                          frame_done ? "" : " (compressed data truncated)");
     }
