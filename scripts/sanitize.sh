@@ -6,10 +6,11 @@
 #   bash scripts/sanitize.sh tsan   ThreadSanitizer (build-tsan): ctest label
 #                                   concurrency (tests named concurrency_*)
 #
-# Both build RelWithDebInfo at -O1 with g++ (override with CXX=...), without
-# the benchmarks or fuzzers; tsan builds only the concurrency_* test
-# binaries. Any sanitizer report fails the test that produced it, and the
-# script exits non-zero.
+# Both build RelWithDebInfo at -O1, without the benchmarks or fuzzers; tsan
+# builds only the concurrency_* test binaries. The compiler is clang++ when
+# it can link sanitized programs (it compiles the tests about 3x faster than
+# g++ here), else g++; CXX=... overrides. Any sanitizer report fails the
+# test that produced it, and the script exits non-zero.
 #   QCOW2_SANITIZE_BUILD_DIR  build directory (default: build-asan / build-tsan)
 #   QCOW2_SANITIZE_JOBS       build and ctest parallelism (default: nproc)
 #   extra arguments are passed to ctest (e.g. -R Overlay)
@@ -46,9 +47,34 @@ if [ ${#tests[@]} -eq 0 ]; then
   exit 0
 fi
 
+# Compiler: CXX if set, else clang++ if its sanitizer runtimes are installed
+# (Debian: libclang-rt-14-dev), else g++.
+probe() {
+  local dir
+  dir=$(mktemp -d)
+  printf 'int main() { return 0; }\n' >"$dir/p.cc"
+  "$1" -fsanitize="$sanitize" "$dir/p.cc" -o "$dir/p" >/dev/null 2>&1
+  local rc=$?
+  rm -rf "$dir"
+  return $rc
+}
+cxx="${CXX:-}"
+if [ -z "$cxx" ]; then
+  for c in clang++ clang++-14 g++; do
+    if command -v "$c" >/dev/null 2>&1 && probe "$c"; then cxx=$(command -v "$c"); break; fi
+  done
+fi
+[ -n "$cxx" ] || { echo "sanitize.sh: no compiler links -fsanitize=$sanitize" >&2; exit 2; }
+case "$cxx" in *clang++*) cc=${cxx/clang++/clang} ;; *) cc=${cxx/g++/gcc} ;; esac
+if [ -f "$build_dir/CMakeCache.txt" ] &&
+   ! grep -qx "CMAKE_CXX_COMPILER:[A-Z]*=$cxx" "$build_dir/CMakeCache.txt"; then
+  echo "sanitize.sh: $build_dir was configured with another compiler: starting it afresh"
+  rm -rf "$build_dir"
+fi
+
 start=$SECONDS
-echo "sanitize.sh: $mode: configuring $build_dir (-fsanitize=$sanitize)"
-cmake -S . -B "$build_dir" \
+echo "sanitize.sh: $mode: configuring $build_dir ($cxx, -fsanitize=$sanitize)"
+CC="$cc" CXX="$cxx" cmake -S . -B "$build_dir" \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
   -DQCOW2_SANITIZE="$sanitize" \
   -DQCOW2_BUILD_TESTS=ON -DQCOW2_BUILD_BENCH=OFF -DQCOW2_BUILD_FUZZ=OFF >/dev/null
