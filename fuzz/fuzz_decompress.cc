@@ -113,17 +113,6 @@ absl::Status DecodeOnFreshThread(CompressionType t,
   return s;
 }
 
-// Steps over library bugs that are reported but not fixed yet, so fuzzing
-// can go on (fuzz/regressions/KNOWN_FAILURES names the inputs).
-// QCOW2_FUZZ_NO_GUARDS=1 turns this off. Guarded here:
-//  - fuzz_decompress/zstd-after-error-*: after a zstd frame fails to
-//    decode, the thread-local context accepts a later frame that a fresh
-//    context (and QEMU) rejects.
-bool KnownBugGuard() {
-  static const bool off = getenv("QCOW2_FUZZ_NO_GUARDS") != nullptr;
-  return !off;
-}
-
 // Buffers reused across inputs (fresh multi-MiB allocations per input
 // would cost more in page faults than the decoding itself).
 std::vector<uint8_t>& Buffer(int which, size_t size) {
@@ -212,7 +201,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // with the same bytes.
     if (!Reference(t, in, ref, kZstdWindowLogDefault)) {
       const bool fresh_rejects = !DecodeOnFreshThread(t, in, cs).ok();
-      if (fresh_rejects && KnownBugGuard()) return 0;
       Die(fresh_rejects
               ? "%s: DecompressCluster accepted a %zu-byte input the reference "
                 "decoder rejects (cluster %zu), and rejects it on a fresh "
