@@ -229,14 +229,20 @@ TEST(BenchCliTest, DefaultScratchDirIsRemoved) {
 
 TEST(BenchCliTest, ScalingRatiosMatchRawRows) {
   TempDir dir;
-  json::Value v = RunJson(dir, {"scaling", "--writers=1,2",
-                                "--size-per-writer=1M", "--bs=256k", "--qd=2"});
+  json::Value v =
+      RunJson(dir, {"scaling", "--writers=1,2", "--size-per-writer=1M",
+                    "--bs=256k", "--qd=2", "--repeat=3"});
+  EXPECT_EQ(v["params"]["repeat"].as_uint64(), 3u);
   const json::Value& rows = v["rows"];
   ASSERT_EQ(rows.size(), 2u * 4);
   for (size_t i = 0; i < rows.size(); ++i) {
     const json::Value& row = rows[i];
     const std::string mode = row["mode"].as_string();
+    // The median run's own counts, inside the spread of the three.
     EXPECT_EQ(row["ops"].as_uint64(), row["writers"].as_uint64() * 4);
+    EXPECT_EQ(row["runs"].as_uint64(), 3u);
+    EXPECT_LE(Num(row, "min_mb_per_s"), Num(row, "mb_per_s"));
+    EXPECT_LE(Num(row, "mb_per_s"), Num(row, "max_mb_per_s"));
     CheckRow(row, "write");
     if (absl::StartsWith(mode, "raw-")) {
       EXPECT_TRUE(row["ratio_vs_raw"].is_null());

@@ -111,6 +111,7 @@ enum LongOption {
   kWriters,
   kModes,
   kSizePerWriter,
+  kRepeat,
   kMix,
   kClusterSizes,
   kPattern,
@@ -139,6 +140,7 @@ const option kOptions[] = {
     {"writers", required_argument, nullptr, kWriters},
     {"modes", required_argument, nullptr, kModes},
     {"size-per-writer", required_argument, nullptr, kSizePerWriter},
+    {"repeat", required_argument, nullptr, kRepeat},
     {"mix", required_argument, nullptr, kMix},
     {"cluster-sizes", required_argument, nullptr, kClusterSizes},
     {"pattern", required_argument, nullptr, kPattern},
@@ -261,6 +263,9 @@ absl::Status Apply(int c, const std::string& name, const char* arg,
       break;
     case kSizePerWriter:
       take(ParseSizeOpt(name, arg, 4096, 512), o->size_per_writer);
+      break;
+    case kRepeat:
+      take(ParsePositiveInt(name, arg, 99), o->repeat);
       break;
     case kClusterSize:
       take(ParseClusterSize(name, arg), o->cluster_size);

@@ -105,9 +105,11 @@ const Workload kWorkloads[] = {
      "  --qd=N                   per writer (default 4)\n"
      "  --cluster-size=SIZE      qcow2 cluster size (default 64k)\n"
      "  --extended-l2=on|off     (default off)\n"
+     "  --repeat=N               run every cell N times, rounds interleaved,\n"
+     "                           and report the median run (default 3)\n"
      "  --plot=FILE.svg          also draw the results as an SVG chart\n",
      {"--writers", "--modes", "--size-per-writer", "--bs", "--qd",
-      "--cluster-size", "--extended-l2", "--plot"},
+      "--cluster-size", "--extended-l2", "--repeat", "--plot"},
      true},
     {"qd",
      RunQd,

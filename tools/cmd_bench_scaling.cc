@@ -1,6 +1,7 @@
 // qcowtool bench scaling: aggregate sequential write throughput of 1..N
 // writers, each a thread with its own Queue writing its own region, on
 // separate images or one shared image, qcow2 against raw.
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@ struct Params {
   int qd = 4;
   uint32_t cluster = 64 << 10;
   bool extended_l2 = false;
+  int repeat = 3;
 };
 
 absl::StatusOr<Params> Resolve(const BenchOptions& o) {
@@ -37,6 +39,7 @@ absl::StatusOr<Params> Resolve(const BenchOptions& o) {
     return OptionError("--extended-l2: 'both' applies to sweep only");
   }
   p.extended_l2 = o.extended_l2.value_or("off") == "on";
+  p.repeat = o.repeat.value_or(p.repeat);
   if (p.extended_l2 && p.cluster < (16u << 10)) {
     return OptionError("--extended-l2=on needs --cluster-size of 16k or more");
   }
@@ -52,9 +55,22 @@ absl::StatusOr<Params> Resolve(const BenchOptions& o) {
 struct Result {
   int writers;
   std::string mode;
-  JobResult r;
+  JobResult r;  // the median run (by throughput) of the repeats
   IoStats delta;
+  double min_mb_per_s = 0;
+  double max_mb_per_s = 0;
 };
+
+// The median run of `runs` (all of one cell), with the spread.
+Result Median(std::vector<Result> runs) {
+  std::sort(runs.begin(), runs.end(), [](const Result& a, const Result& b) {
+    return a.r.mb_per_s() < b.r.mb_per_s();
+  });
+  Result m = runs[runs.size() / 2];
+  m.min_mb_per_s = runs.front().r.mb_per_s();
+  m.max_mb_per_s = runs.back().r.mb_per_s();
+  return m;
+}
 
 IoStats SumStats(const std::vector<std::unique_ptr<Image>>& images) {
   IoStats sum;
@@ -135,7 +151,10 @@ void BuildRows(const Params& p, const std::vector<Result>& results,
     row.Set("writers", Value::Uint(res.writers))
         .Set("mode", Value::Str(res.mode))
         .Set("bs", Value::Uint(p.bs))
-        .Set("qd", Value::Uint(p.qd));
+        .Set("qd", Value::Uint(p.qd))
+        .Set("runs", Value::Uint(p.repeat))
+        .Set("min_mb_per_s", Value::Num(res.min_mb_per_s))
+        .Set("max_mb_per_s", Value::Num(res.max_mb_per_s));
     AddRateColumns(res.r, &row);
     AddIoColumns(res.delta, Op::kWrite, &row);
     std::optional<double> ratio;
@@ -155,7 +174,8 @@ void BuildRows(const Params& p, const std::vector<Result>& results,
   }
   report->columns = {
       {"writers", "writers"},    {"mode", "mode", 0, true},
-      {"MB/s", "mb_per_s", 1},   {"vs raw", "ratio_vs_raw", 2},
+      {"MB/s", "mb_per_s", 1},   {"min", "min_mb_per_s", 1},
+      {"max", "max_mb_per_s", 1}, {"vs raw", "ratio_vs_raw", 2},
       {"seconds", "seconds", 2}, {"write amp", "write_amplification", 3}};
   report->plot_title = "qcowtool bench scaling";
   report->plot = {panel};
@@ -176,22 +196,33 @@ absl::Status RunScaling(Env& env, Report* report) {
       .Set("qd", Value::Uint(p->qd))
       .Set("cluster_size", Value::Uint(p->cluster))
       .Set("extended_l2", Value::Bool(p->extended_l2))
-      .Set("modes", Value::Str(modes));
+      .Set("modes", Value::Str(modes))
+      .Set("repeat", Value::Uint(p->repeat));
 
-  std::vector<Result> results;
+  // Rounds: every cell once per round, so that a drift of the device (burst
+  // credit, another tenant) lands on every mode alike rather than on the
+  // cells measured last.
+  const size_t cells = p->writers.size() * p->modes.size();
+  const size_t total = cells * p->repeat;
+  std::vector<std::vector<Result>> runs(cells);
   std::string engine;
-  const size_t total = p->writers.size() * p->modes.size();
-  for (int writers : p->writers) {
-    for (const std::string& mode : p->modes) {
-      env.progress.BeginCell(absl::StrFormat("[%u/%u] %d writer%s, %s",
-                                             results.size() + 1, total, writers,
-                                             writers > 1 ? "s" : "", mode));
-      auto r = RunCell(env, *p, writers, mode, &engine);
-      if (!r.ok()) return r.status();
-      env.progress.EndCell(absl::StrFormat("%.1f MB/s", r->r.mb_per_s()));
-      results.push_back(std::move(*r));
+  size_t done = 0;
+  for (int round = 0; round < p->repeat; ++round) {
+    size_t cell = 0;
+    for (int writers : p->writers) {
+      for (const std::string& mode : p->modes) {
+        env.progress.BeginCell(absl::StrFormat(
+            "[%u/%u] %d writer%s, %s", ++done, total, writers,
+            writers > 1 ? "s" : "", mode));
+        auto r = RunCell(env, *p, writers, mode, &engine);
+        if (!r.ok()) return r.status();
+        env.progress.EndCell(absl::StrFormat("%.1f MB/s", r->r.mb_per_s()));
+        runs[cell++].push_back(std::move(*r));
+      }
     }
   }
+  std::vector<Result> results;
+  for (auto& cell_runs : runs) results.push_back(Median(std::move(cell_runs)));
   AddCommonParams(env.direct, engine, &report->params);
   BuildRows(*p, results, report);
   return absl::OkStatus();
