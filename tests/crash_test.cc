@@ -293,7 +293,8 @@ TEST_P(CrashTest, PowerCutAtEveryStep) {
   // in between continue the previous step.
   static const char* const kRank[] = {
       "refcount-table-grow", "l1-grow",   "refblock-alloc", "l2-alloc",
-      "header-update",       "l1-update", "cow-write",      "data-write",
+      "header-update",       "l1-update", "cow-write",      "zero-skip-write",
+      "data-write",
       "l2-update",           "refblock-update", "flush",    "cow-read"};
   auto rank = [](const std::string& e) {
     for (size_t i = 0; i < std::size(kRank); ++i) {
@@ -385,7 +386,8 @@ TEST_P(CrashTest, PowerCutAtEveryStep) {
   printf("[power-cut] %s: %d cut points over %llu file operations:%s\n",
          GetParam().name.c_str(), cut_points,
          static_cast<unsigned long long>(total), summary.c_str());
-  for (const char* e : {"l2-update", "l2-alloc", "l1-update", "flush"}) {
+  for (const char* e :
+       {"l2-update", "l2-alloc", "l1-update", "flush", "zero-skip-write"}) {
     EXPECT_GT(cuts_per_event[e], 0) << "no cut during " << e;
   }
   if (GetParam().bulk != 0) {

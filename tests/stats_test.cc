@@ -179,6 +179,117 @@ TEST(StatsTest, ReadsAndQueueCountersAddUp) {
   EXPECT_EQ(image->GetStats().Since(before).guest_read_ops, 2u);
 }
 
+// Into a host cluster the file never held, padding that reads as zeros in
+// the chain is not written (QEMU leaves it too); a reused cluster still
+// gets its padding, since its old bytes would show through.
+TEST(StatsTest, ZeroPaddingIntoNeverWrittenClusterIsSkipped) {
+  TempDir dir;
+  const std::string path = dir.File("empty.qcow2");
+  CreateOptions co;
+  co.size = kDisk;
+  co.cluster_size = kCluster;
+  ASSERT_OK(CreateImage(path, co));
+  OpenOptions rw;
+  rw.read_write = true;
+  ASSERT_OK_AND_ASSIGN(auto image, Image::Open(path, rw));
+  ASSERT_OK(image->Write(0, std::vector<uint8_t>(4096, 1)));  // L2 table
+  const std::vector<uint8_t> data(4096, 0xab);
+
+  const IoStats before = image->GetStats();
+  ASSERT_OK(image->Write(3 * kCluster + 8192, data));
+  IoStats s = image->GetStats().Since(before);
+  EXPECT_EQ(s.cluster_allocations, 1u);
+  EXPECT_EQ(s.host_data_write_bytes, 4096u);
+  EXPECT_EQ(s.cow_write_bytes, 0u);
+  EXPECT_EQ(s.cow_read_bytes, 0u);
+  EXPECT_EQ(s.cow_skipped_zero, 2u);  // head and tail
+  EXPECT_EQ(s.cow_head_copies + s.cow_tail_copies, 0u);
+
+  // Fill cluster 5 and discard it: once a flush has made the discard
+  // durable, the next allocation reuses that cluster, whose old bytes are
+  // not zeros, so its padding is written.
+  ASSERT_OK(image->Write(5 * kCluster, std::vector<uint8_t>(kCluster, 0xcd)));
+  ASSERT_OK(image->Flush());
+  ASSERT_OK(image->Discard(5 * kCluster, kCluster));
+  ASSERT_OK(image->Flush());
+  const IoStats mid = image->GetStats();
+  ASSERT_OK(image->Write(9 * kCluster + 8192, data));
+  s = image->GetStats().Since(mid);
+  EXPECT_EQ(s.cluster_allocations, 1u);
+  EXPECT_EQ(s.cow_skipped_zero, 0u);
+  EXPECT_EQ(s.cow_write_bytes, kCluster - 4096);
+  EXPECT_EQ(s.cow_read_bytes, 0u);  // zeros come from memory
+
+  ASSERT_OK(image->Close());
+  testing::CommandResult check = testing::QemuCheck(path);
+  EXPECT_EQ(check.exit_code, 0) << check.out;
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> qemu, testing::QemuReadAll(path));
+  for (uint64_t i = 0; i < kDisk; ++i) {
+    uint8_t want = 0;
+    if (i < 4096) want = 1;
+    const uint64_t c3 = 3 * kCluster + 8192, c9 = 9 * kCluster + 8192;
+    if ((i >= c3 && i < c3 + 4096) || (i >= c9 && i < c9 + 4096)) want = 0xab;
+    ASSERT_EQ(qemu[i], want) << "guest offset " << i;
+  }
+}
+
+// Over a backing file, only padding that reads as zeros all the way down
+// (unallocated or zero clusters) is skipped; backing data is copied.
+TEST(StatsTest, ZeroPaddingSkipLooksThroughTheChain) {
+  TempDir dir;
+  CreateOptions base;
+  base.size = kDisk;
+  ASSERT_OK(CreateImage(dir.File("base.qcow2"), base));
+  OpenOptions rw;
+  rw.read_write = true;
+  {
+    ASSERT_OK_AND_ASSIGN(auto b, Image::Open(dir.File("base.qcow2"), rw));
+    ASSERT_OK(b->Write(kCluster, std::vector<uint8_t>(kCluster, 0x11)));
+    ASSERT_OK(b->WriteZeroes(2 * kCluster, kCluster, false));
+    ASSERT_OK(b->Close());
+  }
+  for (bool extended_l2 : {false, true}) {
+    SCOPED_TRACE(extended_l2 ? "extended L2" : "standard L2");
+    const std::string top_path =
+        dir.File(extended_l2 ? "top-x.qcow2" : "top.qcow2");
+    CreateOptions top;
+    top.size = kDisk;
+    top.cluster_size = kCluster;
+    top.extended_l2 = extended_l2;
+    top.backing_file = "base.qcow2";
+    top.backing_format = "qcow2";
+    ASSERT_OK(CreateImage(top_path, top));
+    ASSERT_OK_AND_ASSIGN(auto image, Image::Open(top_path, rw));
+    // 1 KiB into the middle of a subcluster, so extended L2 pads too.
+    const std::vector<uint8_t> data(1024, 0xab);
+    const uint64_t in = 8192 + 512;
+    IoStats before = image->GetStats();
+    ASSERT_OK(image->Write(kCluster + in, data));  // backing data
+    IoStats s = image->GetStats().Since(before);
+    EXPECT_EQ(s.cow_skipped_zero, 0u);
+    EXPECT_GT(s.cow_read_bytes, 0u);
+    for (uint64_t c : {2, 3}) {  // a zero cluster; nothing allocated
+      before = image->GetStats();
+      ASSERT_OK(image->Write(c * kCluster + in, data));
+      s = image->GetStats().Since(before);
+      EXPECT_EQ(s.cow_skipped_zero, 2u) << "cluster " << c;
+      EXPECT_EQ(s.cow_read_bytes, 0u) << "cluster " << c;
+      EXPECT_EQ(s.cow_write_bytes, 0u) << "cluster " << c;
+    }
+    ASSERT_OK(image->Close());
+    testing::CommandResult check = testing::QemuCheck(top_path);
+    EXPECT_EQ(check.exit_code, 0) << check.out;
+    ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> qemu,
+                         testing::QemuReadAll(top_path));
+    for (uint64_t i = 0; i < 4 * kCluster; ++i) {
+      const uint64_t c = i / kCluster, at = i % kCluster;
+      uint8_t want = c == 1 ? 0x11 : 0;
+      if (c >= 1 && at >= in && at < in + 1024) want = 0xab;
+      ASSERT_EQ(qemu[i], want) << "guest offset " << i;
+    }
+  }
+}
+
 // Write-zeroes and discard on a raw file are one zero-range call each, run
 // by the queue's ring.
 TEST(StatsTest, RawZeroRangeThroughQueue) {

@@ -167,6 +167,11 @@ absl::Status Chain::CheckRange(uint64_t offset, uint64_t len) const {
 
 absl::Status Chain::PlanRead(int depth, uint64_t offset, uint8_t* dest,
                              uint64_t len, IoPlan* plan, IoCategory category) {
+  // Below the top of a chain of three or more, one cached lookup replaces
+  // the walk down the layers.
+  if (depth == 1 && length() > 2) {
+    return PlanBackingRead(offset, dest, len, plan, category);
+  }
   uint64_t pos = 0;
   while (pos < len) {
     const uint64_t cur = offset + pos;
@@ -201,6 +206,87 @@ absl::Status Chain::PlanRead(int depth, uint64_t offset, uint8_t* dest,
     pos += e.length;
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<const BackingMap::Piece*> Chain::ResolveBacking(
+    uint64_t offset) {
+  constexpr uint64_t kGranule = 64 << 10;
+  BackingMap::Piece piece;
+  piece.start = offset;
+  uint64_t len = std::min(((offset / kGranule) + 1) * kGranule,
+                          backing_map_.NextStart(offset)) -
+                 offset;
+  for (int d = 1;; ++d) {
+    if (d >= length() || offset >= layers_[d]->size()) {
+      piece.length = len;
+      piece.extent.kind = Extent::kZero;
+      piece.extent.length = len;
+      break;
+    }
+    ASSIGN_OR_RETURN(Extent e, layers_[d]->Map(offset, len));
+    len = e.length;
+    if (e.kind != Extent::kUnallocated) {
+      piece.length = len;
+      piece.depth = d;
+      piece.extent = e;
+      break;
+    }
+  }
+  return backing_map_.Insert(piece);
+}
+
+absl::Status Chain::PlanBackingRead(uint64_t offset, uint8_t* dest,
+                                    uint64_t len, IoPlan* plan,
+                                    IoCategory category) {
+  uint64_t pos = 0;
+  while (pos < len) {
+    const uint64_t cur = offset + pos;
+    const BackingMap::Piece* p = backing_map_.Find(cur);
+    if (p == nullptr) {
+      ASSIGN_OR_RETURN(p, ResolveBacking(cur));
+    }
+    const uint64_t into = cur - p->start;
+    const uint64_t n = std::min(len - pos, p->length - into);
+    switch (p->extent.kind) {
+      case Extent::kZero:
+      case Extent::kUnallocated:
+        std::memset(dest + pos, 0, n);
+        break;
+      case Extent::kData:
+        plan->Read(layers_[p->depth]->file(), p->extent.host_offset + into,
+                   dest + pos, n, category);
+        break;
+      case Extent::kCompressed: {
+        auto* q = dynamic_cast<Qcow2Layer*>(layers_[p->depth].get());
+        if (q == nullptr) {
+          return absl::InternalError("compressed extent in a raw layer");
+        }
+        RETURN_IF_ERROR(q->PlanCompressedRead(p->extent.entry, cur, dest + pos,
+                                              n, plan, category));
+        break;
+      }
+    }
+    pos += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Chain::ReadsAsZero(int depth, uint64_t offset,
+                                        uint64_t len) {
+  uint64_t pos = 0;
+  while (pos < len) {
+    const uint64_t cur = offset + pos;
+    if (depth >= length() || cur >= layers_[depth]->size()) return true;
+    ASSIGN_OR_RETURN(Extent e, layers_[depth]->Map(cur, len - pos));
+    if (e.kind == Extent::kUnallocated) {
+      ASSIGN_OR_RETURN(bool zero, ReadsAsZero(depth + 1, cur, e.length));
+      if (!zero) return false;
+    } else if (e.kind != Extent::kZero) {
+      return false;
+    }
+    pos += e.length;
+  }
+  return true;
 }
 
 absl::StatusOr<BlockStatus> Chain::GetBlockStatus(uint64_t offset,

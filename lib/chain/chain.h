@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "lib/chain/backing_map.h"
 #include "lib/chain/layer.h"
 #include "lib/engine/request.h"
 #include "qcow2/image.h"
@@ -53,6 +54,10 @@ class Chain {
   // `dest`. Bytes past the end of a layer read as zeros. Caller holds mu_.
   absl::Status PlanRead(int depth, uint64_t offset, uint8_t* dest,
                         uint64_t len, IoPlan* plan, IoCategory category);
+  // Whether guest bytes [offset, +len) read as zeros through the chain
+  // from `depth` down, judged from metadata alone (no data is read: data
+  // that happens to be zero counts as data). Caller holds mu_.
+  absl::StatusOr<bool> ReadsAsZero(int depth, uint64_t offset, uint64_t len);
 
   // --- The request engine (lib/engine/chain_engine.cc). Every guest
   // request goes: Begin (takes its guest clusters in arrival order; plans
@@ -104,6 +109,13 @@ class Chain {
   // Lets the top layer read the layers below for copy-on-write.
   void ConnectBacking();
 
+  // PlanRead below the top through backing_map_ (deep chains).
+  absl::Status PlanBackingRead(uint64_t offset, uint8_t* dest, uint64_t len,
+                               IoPlan* plan, IoCategory category);
+  // Resolves the piece of the layers under the top that starts at `offset`
+  // (to the end of its 64 KiB granule at most) and caches it.
+  absl::StatusOr<const BackingMap::Piece*> ResolveBacking(uint64_t offset);
+
   void PlanLocked(Request* r);
   absl::Status ClosedError() const;
   bool Conflicts(const Request* a, const Request* b) const;
@@ -117,6 +129,8 @@ class Chain {
   IoStats retired_stats_;  // sync calls and queues gone
   std::vector<std::unique_ptr<Layer>> layers_;  // [0] is the top
   std::vector<std::string> resolved_backing_;   // per layer, "" if none
+  // Resolutions of layers_[1..]: used once there are two or more of them.
+  BackingMap backing_map_;
   OpenOptions opts_;
   bool writable_ = false;
   bool closed_ = false;

@@ -32,6 +32,9 @@ void Chain::ConnectBacking() {
   top->set_backing(
       [this](uint64_t offset, uint8_t* dest, uint64_t len, IoPlan* plan) {
         return PlanRead(1, offset, dest, len, plan, IoCategory::kCow);
+      },
+      [this](uint64_t offset, uint64_t len) {
+        return ReadsAsZero(1, offset, len);
       });
 }
 
@@ -134,8 +137,9 @@ absl::Status Chain::CreateOverlay(const std::string& path,
     layer->reset();  // close the overlay's file before removing it
     return fail(s);
   }
-  if (Qcow2Layer* q = top_qcow2()) q->set_backing(nullptr);
+  if (Qcow2Layer* q = top_qcow2()) q->set_backing(nullptr, nullptr);
   layers_.insert(layers_.begin(), std::move(layer).value());
+  backing_map_.Clear();  // resolved for the layers under the old top
   resolved_backing_.insert(resolved_backing_.begin(), top_path.string());
   ConnectBacking();
   return absl::OkStatus();

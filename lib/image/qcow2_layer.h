@@ -60,7 +60,14 @@ class Qcow2Layer : public Layer {
   // copy-on-write) into `dest`.
   using BackingPlanner = std::function<absl::Status(
       uint64_t offset, uint8_t* dest, uint64_t len, IoPlan* plan)>;
-  void set_backing(BackingPlanner planner) { backing_ = std::move(planner); }
+  // Whether guest bytes [offset, +len) read as zeros from the chain below,
+  // judged from metadata alone (zero or unallocated everywhere down).
+  using BackingZero =
+      std::function<absl::StatusOr<bool>(uint64_t offset, uint64_t len)>;
+  void set_backing(BackingPlanner planner, BackingZero zero) {
+    backing_ = std::move(planner);
+    backing_zero_ = std::move(zero);
+  }
   bool has_backing() const { return static_cast<bool>(backing_); }
 
   // Plans the write of `data` at guest `offset`: allocations happen now
@@ -132,7 +139,12 @@ class Qcow2Layer : public Layer {
                                uint64_t bitmap, uint64_t cluster,
                                uint64_t in_cluster,
                                absl::Span<const uint8_t> data, bool fresh,
-                               IoPlan* plan);
+                               bool virgin, IoPlan* plan);
+  // Whether guest range [offset, +len) inside one cluster whose L2 entry is
+  // `entry`/`bitmap` reads as zeros, judged from metadata alone. A copy of
+  // such a range into a never-written host cluster can be skipped.
+  absl::StatusOr<bool> KnownZero(uint64_t entry, uint64_t bitmap,
+                                 uint64_t offset, uint64_t len);
   // Plans filling `dest` with the current contents of guest range
   // [offset, +len) inside one cluster whose L2 entry is `entry`/`bitmap`.
   absl::Status PlanReadOld(uint64_t entry, uint64_t bitmap, uint64_t offset,
@@ -168,6 +180,7 @@ class Qcow2Layer : public Layer {
   std::unique_ptr<ClusterMap> map_;
   std::unique_ptr<Refcounts> refcounts_;
   BackingPlanner backing_;
+  BackingZero backing_zero_;
   bool writable_ = false;
   bool prepared_ = false;  // dirty bit / autoclear handled
   bool lazy_refcounts_ = false;

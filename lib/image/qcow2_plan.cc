@@ -134,11 +134,42 @@ absl::Status Qcow2Layer::ReadOld(uint64_t entry, uint64_t bitmap,
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> Qcow2Layer::KnownZero(uint64_t entry, uint64_t bitmap,
+                                           uint64_t offset, uint64_t len) {
+  const Geometry& g = map_->geometry();
+  if (len == 0) return true;
+  if (entry & kOflagCompressed) return false;
+  uint64_t pos = 0;
+  while (pos < len) {
+    const uint64_t in_cluster = (offset + pos) & (g.cluster_size - 1);
+    const int sc = static_cast<int>(in_cluster / g.subcluster_size);
+    const uint64_t n =
+        std::min<uint64_t>(len - pos, (sc + 1) * g.subcluster_size - in_cluster);
+    switch (ClassifySubcluster(entry, bitmap, g.extended_l2, sc)) {
+      case SubclusterType::kZeroPlain:
+      case SubclusterType::kZeroAlloc:
+        break;
+      case SubclusterType::kUnallocated:
+      case SubclusterType::kUnallocatedAlloc:
+        if (backing_zero_) {
+          ASSIGN_OR_RETURN(bool zero, backing_zero_(offset + pos, n));
+          if (!zero) return false;
+        }
+        break;
+      default:
+        return false;
+    }
+    pos += n;
+  }
+  return true;
+}
+
 absl::Status Qcow2Layer::PlanSubclusters(const L2Ref& ref, uint64_t entry,
                                          uint64_t bitmap, uint64_t cluster,
                                          uint64_t in_cluster,
                                          absl::Span<const uint8_t> data,
-                                         bool fresh, IoPlan* plan) {
+                                         bool fresh, bool virgin,
+                                         IoPlan* plan) {
   const Geometry& g = map_->geometry();
   const uint64_t host = entry & kEntryOffsetMask;
   const uint64_t guest = cluster << g.cluster_bits;
@@ -153,13 +184,33 @@ absl::Status Qcow2Layer::PlanSubclusters(const L2Ref& ref, uint64_t entry,
   if (!((alloc >> sc0) & 1)) start = sc0 * g.subcluster_size;
   if (!((alloc >> sc1) & 1)) end = (sc1 + 1) * g.subcluster_size;
   RETURN_IF_ERROR(CheckDataTarget(host + start, end - start));
+  bool skipped = false;
+  if (virgin) {
+    // Nothing was ever written to the new host cluster, so it reads as
+    // zeros: padding that reads as zeros in the chain need not be written.
+    ASSIGN_OR_RETURN(bool zero_head, KnownZero(entry, bitmap, guest + start,
+                                               in_cluster - start));
+    if (start < in_cluster && zero_head) {
+      Count(&IoStats::cow_skipped_zero);
+      start = in_cluster;
+      skipped = true;
+    }
+    const uint64_t data_end = in_cluster + data.size();
+    ASSIGN_OR_RETURN(bool zero_tail,
+                     KnownZero(entry, bitmap, guest + data_end, end - data_end));
+    if (data_end < end && zero_tail) {
+      Count(&IoStats::cow_skipped_zero);
+      end = data_end;
+      skipped = true;
+    }
+  }
   const uint32_t mask = SubclusterMask(sc0, sc1);
   IoOp op;
   op.file = file_.get();
   op.offset = host + start;
   op.guest_bytes = data.size();
   if (start == in_cluster && end == in_cluster + data.size()) {
-    EmitEvent("data-write");
+    EmitEvent(skipped ? "zero-skip-write" : "data-write");
     if ((alloc & mask) != mask) Count(&IoStats::cow_skipped_full);
     op.Add(data.data(), data.size());
   } else {
@@ -207,7 +258,7 @@ absl::Status Qcow2Layer::PlanWriteCluster(uint64_t cluster,
     // The cluster is ours alone: write in place.
     if (g.extended_l2) {
       return PlanSubclusters(ref, entry, bitmap, cluster, in_cluster, data,
-                             false, plan);
+                             false, false, plan);
     }
     RETURN_IF_ERROR(CheckDataTarget(host, g.cluster_size));
     EmitEvent("data-write");
@@ -240,7 +291,10 @@ absl::Status Qcow2Layer::PlanWriteCluster(uint64_t cluster,
   // after the L2 update: refuse now, before anything is allocated, if that
   // would free metadata.
   RETURN_IF_ERROR(CheckNotMetadata(entry, guest));
+  // A cluster past everything the file ever held reads as zeros on disk.
+  const uint64_t end_before = refcounts_->end_cluster();
   ASSIGN_OR_RETURN(uint64_t fresh, refcounts_->Allocate(1));
+  const bool virgin = (fresh >> g.cluster_bits) >= end_before;
   Count(&IoStats::cluster_allocations);
   plan->aborts.push_back([this, fresh] {
     refcounts_->Update(fresh, map_->geometry().cluster_size, -1).IgnoreError();
@@ -253,28 +307,54 @@ absl::Status Qcow2Layer::PlanWriteCluster(uint64_t cluster,
     // of the new cluster is allocated yet, so padding reads come from the
     // layers below (or zeros), never from the new cluster.
     return PlanSubclusters(ref, fresh | kOflagCopied, bitmap, cluster,
-                           in_cluster, data, true, plan);
+                           in_cluster, data, true, virgin, plan);
   }
 
   // Copy-on-write of the whole cluster: head, guest data and tail in one
-  // vectored write.
+  // vectored write. Into a never-written cluster, a head or tail that
+  // reads as zeros is left out (the file reads as zeros there already).
   const uint64_t tail = in_cluster + data.size();
-  uint8_t* head_buf = in_cluster > 0 ? plan->Buffer(in_cluster) : nullptr;
+  bool copy_head = in_cluster > 0;
+  bool copy_tail = tail < g.cluster_size;
+  if (virgin && copy_head) {
+    ASSIGN_OR_RETURN(bool zero, KnownZero(entry, bitmap, guest, in_cluster));
+    if (zero) {
+      Count(&IoStats::cow_skipped_zero);
+      copy_head = false;
+    }
+  }
+  if (virgin && copy_tail) {
+    ASSIGN_OR_RETURN(bool zero, KnownZero(entry, bitmap, guest + tail,
+                                          g.cluster_size - tail));
+    if (zero) {
+      Count(&IoStats::cow_skipped_zero);
+      copy_tail = false;
+    }
+  }
+  uint8_t* head_buf = copy_head ? plan->Buffer(in_cluster) : nullptr;
   uint8_t* tail_buf =
-      tail < g.cluster_size ? plan->Buffer(g.cluster_size - tail) : nullptr;
-  if (in_cluster > 0) Count(&IoStats::cow_head_copies);
-  if (tail < g.cluster_size) Count(&IoStats::cow_tail_copies);
+      copy_tail ? plan->Buffer(g.cluster_size - tail) : nullptr;
+  if (copy_head) Count(&IoStats::cow_head_copies);
+  if (copy_tail) Count(&IoStats::cow_tail_copies);
   if (in_cluster == 0 && tail == g.cluster_size) {
     Count(&IoStats::cow_skipped_full);
   }
-  RETURN_IF_ERROR(PlanReadOld(entry, bitmap, guest, head_buf, in_cluster, plan));
-  RETURN_IF_ERROR(PlanReadOld(entry, bitmap, guest + tail, tail_buf,
-                              g.cluster_size - tail, plan));
-  EmitEvent(in_cluster == 0 && tail == g.cluster_size ? "data-write"
-                                                      : "cow-write");
+  if (copy_head) {
+    RETURN_IF_ERROR(
+        PlanReadOld(entry, bitmap, guest, head_buf, in_cluster, plan));
+  }
+  if (copy_tail) {
+    RETURN_IF_ERROR(PlanReadOld(entry, bitmap, guest + tail, tail_buf,
+                                g.cluster_size - tail, plan));
+  }
+  const bool skipped = (in_cluster > 0 && !copy_head) ||
+                       (tail < g.cluster_size && !copy_tail);
+  EmitEvent(copy_head || copy_tail ? "cow-write"
+            : skipped              ? "zero-skip-write"
+                                   : "data-write");
   IoOp op;
   op.file = file_.get();
-  op.offset = fresh;
+  op.offset = copy_head ? fresh : fresh + in_cluster;
   op.guest_bytes = data.size();
   if (head_buf != nullptr) op.Add(head_buf, in_cluster);
   op.Add(data.data(), data.size());
