@@ -7,11 +7,6 @@
 
 namespace qcow2::internal {
 
-namespace {
-// Refuse sizes that would only exhaust memory (fuzzers ask for 2^60).
-constexpr uint64_t kMaxMemoryFileSize = 1ull << 34;
-}  // namespace
-
 MemoryFile::MemoryFile(std::string name, std::shared_ptr<MemoryStore> store,
                        bool read_only)
     : name_(std::move(name)), store_(std::move(store)), read_only_(read_only) {}
@@ -40,9 +35,11 @@ absl::Status MemoryFile::ReadAt(uint64_t offset, absl::Span<uint8_t> buf) {
 absl::Status MemoryFile::WriteAt(uint64_t offset,
                                  absl::Span<const uint8_t> data) {
   if (auto s = CheckWritable(); !s.ok()) return s;
-  if (offset > kMaxMemoryFileSize || data.size() > kMaxMemoryFileSize - offset) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("write at ", offset, " past the size limit of ", name_));
+  const uint64_t max = store_->max_size;
+  if (offset > max || data.size() > max - offset) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        name_, ": no space left for a write at ", offset, " (size limit ", max,
+        ")"));
   }
   std::lock_guard<std::mutex> lock(store_->mu);
   auto& bytes = store_->bytes;
@@ -58,9 +55,10 @@ absl::StatusOr<uint64_t> MemoryFile::Size() {
 
 absl::Status MemoryFile::Truncate(uint64_t size) {
   if (auto s = CheckWritable(); !s.ok()) return s;
-  if (size > kMaxMemoryFileSize) {
+  if (size > store_->max_size) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("truncate to ", size, " past the size limit of ", name_));
+        absl::StrCat(name_, ": no space left to grow the file to ", size,
+                     " (size limit ", store_->max_size, ")"));
   }
   std::lock_guard<std::mutex> lock(store_->mu);
   store_->bytes.resize(size);
@@ -69,9 +67,11 @@ absl::Status MemoryFile::Truncate(uint64_t size) {
 
 absl::Status MemoryFile::WriteZeroes(uint64_t offset, uint64_t len) {
   if (auto s = CheckWritable(); !s.ok()) return s;
-  if (offset > kMaxMemoryFileSize || len > kMaxMemoryFileSize - offset) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("zeroing at ", offset, " past the size limit of ", name_));
+  const uint64_t max = store_->max_size;
+  if (offset > max || len > max - offset) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        name_, ": no space left to zero at ", offset, " (size limit ", max,
+        ")"));
   }
   std::lock_guard<std::mutex> lock(store_->mu);
   auto& bytes = store_->bytes;

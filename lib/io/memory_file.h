@@ -18,6 +18,9 @@ struct MemoryStore {
   std::mutex mu;
   std::vector<uint8_t> bytes;
   bool read_only = false;  // writes fail with kPermissionDenied
+  // Writes, zeroing or truncation past this fail with kResourceExhausted,
+  // as on a full disk (the bytes are held densely in memory).
+  uint64_t max_size = uint64_t{1} << 34;
 };
 
 class MemoryFile : public File {
