@@ -29,6 +29,26 @@ void Count(uint64_t IoStats::*field, uint64_t n = 1) {
   CountMetadata(field, n);
 }
 
+// Calls fn(type, pos, in_cluster, n) for each piece of guest range
+// [offset, +len) inside one cluster that lies in a single subcluster:
+// its type under `entry`/`bitmap`, where it starts in the range and in the
+// cluster, and its length. Stops at the first error fn returns.
+template <typename Fn>
+absl::Status ForEachSubcluster(const Geometry& g, uint64_t entry,
+                               uint64_t bitmap, uint64_t offset, uint64_t len,
+                               Fn fn) {
+  uint64_t n = 0;
+  for (uint64_t pos = 0; pos < len; pos += n) {
+    const uint64_t in_cluster = (offset + pos) & (g.cluster_size - 1);
+    const int sc = static_cast<int>(in_cluster / g.subcluster_size);
+    n = std::min<uint64_t>(len - pos, (sc + 1) * g.subcluster_size - in_cluster);
+    RETURN_IF_ERROR(
+        fn(ClassifySubcluster(entry, bitmap, g.extended_l2, sc), pos,
+           in_cluster, n));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status Qcow2Layer::PlanCompressedRead(uint64_t entry, uint64_t offset,
@@ -90,38 +110,33 @@ absl::Status Qcow2Layer::PlanReadOld(uint64_t entry, uint64_t bitmap,
     return PlanCompressedRead(entry, offset, dest, len, plan, IoCategory::kCow);
   }
   const uint64_t host = entry & kEntryOffsetMask;
-  uint64_t pos = 0;
-  while (pos < len) {
-    const uint64_t in_cluster = (offset + pos) & (g.cluster_size - 1);
-    const int sc = static_cast<int>(in_cluster / g.subcluster_size);
-    const uint64_t n =
-        std::min<uint64_t>(len - pos, (sc + 1) * g.subcluster_size - in_cluster);
-    switch (ClassifySubcluster(entry, bitmap, g.extended_l2, sc)) {
-      case SubclusterType::kNormal:
-        plan->Read(file_.get(), host + in_cluster, dest + pos, n,
-                   IoCategory::kCow);
-        break;
-      case SubclusterType::kZeroPlain:
-      case SubclusterType::kZeroAlloc:
-        std::memset(dest + pos, 0, n);
-        break;
-      case SubclusterType::kUnallocated:
-      case SubclusterType::kUnallocatedAlloc:
-        if (backing_) {
-          EmitEvent("cow-read");
-          RETURN_IF_ERROR(backing_(offset + pos, dest + pos, n, plan));
-        } else {
-          std::memset(dest + pos, 0, n);
+  return ForEachSubcluster(
+      g, entry, bitmap, offset, len,
+      [&](SubclusterType type, uint64_t pos, uint64_t in_cluster,
+          uint64_t n) -> absl::Status {
+        switch (type) {
+          case SubclusterType::kNormal:
+            plan->Read(file_.get(), host + in_cluster, dest + pos, n,
+                       IoCategory::kCow);
+            return absl::OkStatus();
+          case SubclusterType::kZeroPlain:
+          case SubclusterType::kZeroAlloc:
+            std::memset(dest + pos, 0, n);
+            return absl::OkStatus();
+          case SubclusterType::kUnallocated:
+          case SubclusterType::kUnallocatedAlloc:
+            if (!backing_) {
+              std::memset(dest + pos, 0, n);
+              return absl::OkStatus();
+            }
+            EmitEvent("cow-read");
+            return backing_(offset + pos, dest + pos, n, plan);
+          default:
+            return map_->Corrupt(absl::StrFormat(
+                "L2 entry 0x%016x for guest offset 0x%x is invalid", entry,
+                offset + pos));
         }
-        break;
-      default:
-        return map_->Corrupt(absl::StrFormat(
-            "L2 entry 0x%016x for guest offset 0x%x is invalid", entry,
-            offset + pos));
-    }
-    pos += n;
-  }
-  return absl::OkStatus();
+      });
 }
 
 absl::Status Qcow2Layer::ReadOld(uint64_t entry, uint64_t bitmap,
@@ -136,32 +151,30 @@ absl::Status Qcow2Layer::ReadOld(uint64_t entry, uint64_t bitmap,
 
 absl::StatusOr<bool> Qcow2Layer::KnownZero(uint64_t entry, uint64_t bitmap,
                                            uint64_t offset, uint64_t len) {
-  const Geometry& g = map_->geometry();
-  if (len == 0) return true;
-  if (entry & kOflagCompressed) return false;
-  uint64_t pos = 0;
-  while (pos < len) {
-    const uint64_t in_cluster = (offset + pos) & (g.cluster_size - 1);
-    const int sc = static_cast<int>(in_cluster / g.subcluster_size);
-    const uint64_t n =
-        std::min<uint64_t>(len - pos, (sc + 1) * g.subcluster_size - in_cluster);
-    switch (ClassifySubcluster(entry, bitmap, g.extended_l2, sc)) {
-      case SubclusterType::kZeroPlain:
-      case SubclusterType::kZeroAlloc:
-        break;
-      case SubclusterType::kUnallocated:
-      case SubclusterType::kUnallocatedAlloc:
-        if (backing_zero_) {
-          ASSIGN_OR_RETURN(bool zero, backing_zero_(offset + pos, n));
-          if (!zero) return false;
+  if (entry & kOflagCompressed) return len == 0;
+  bool zero = true;
+  RETURN_IF_ERROR(ForEachSubcluster(
+      map_->geometry(), entry, bitmap, offset, len,
+      [&](SubclusterType type, uint64_t pos, uint64_t, uint64_t n) {
+        if (!zero) return absl::OkStatus();
+        switch (type) {
+          case SubclusterType::kZeroPlain:
+          case SubclusterType::kZeroAlloc:
+            return absl::OkStatus();
+          case SubclusterType::kUnallocated:
+          case SubclusterType::kUnallocatedAlloc:
+            if (backing_zero_) {
+              absl::StatusOr<bool> below = backing_zero_(offset + pos, n);
+              if (!below.ok()) return below.status();
+              zero = *below;
+            }
+            return absl::OkStatus();
+          default:
+            zero = false;
+            return absl::OkStatus();
         }
-        break;
-      default:
-        return false;
-    }
-    pos += n;
-  }
-  return true;
+      }));
+  return zero;
 }
 
 absl::Status Qcow2Layer::PlanSubclusters(const L2Ref& ref, uint64_t entry,
