@@ -8,14 +8,18 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <map>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "lib/chain/layer.h"
 
 namespace qcow2::internal {
 
 class BackingMap {
  public:
+  // Pieces never cross a granule boundary; lookups hash the granule.
+  static constexpr uint64_t kGranule = 64 << 10;
+
   // [start, start + length) resolves to `extent` (never kUnallocated) in
   // the layer at `depth`; depth -1 with kZero for ranges no layer stores
   // (past the bottom, or past the end of a layer).
@@ -31,20 +35,30 @@ class BackingMap {
 
   // The piece containing `offset`, or null.
   const Piece* Find(uint64_t offset) const;
-  // Where the piece after `offset` starts (UINT64_MAX if none): a new piece
-  // at `offset` must end there.
-  uint64_t NextStart(uint64_t offset) const;
-  // Adds a piece that overlaps none already held. When full, everything is
-  // dropped first (the cache only saves work; it is rebuilt on demand).
+  // Where a new piece at `offset` (not in any piece) may start and must
+  // end: from the end of the piece before it in its granule (or the
+  // granule's start) to the start of the next (or the granule's end).
+  uint64_t FreeStart(uint64_t offset) const;
+  uint64_t FreeEnd(uint64_t offset) const;
+  // Adds a piece inside one granule that overlaps none already held. When
+  // full, everything is dropped first (the cache only saves work; it is
+  // rebuilt on demand).
   const Piece* Insert(const Piece& piece);
-  void Clear() { pieces_.clear(); }
-  size_t size() const { return pieces_.size(); }
+  void Clear() {
+    granules_.clear();
+    pieces_ = 0;
+  }
+  size_t size() const { return pieces_; }
 
-  static constexpr size_t kDefaultMaxPieces = 1 << 15;
+  static constexpr size_t kDefaultMaxPieces = 1 << 17;
 
  private:
+  using Granule = absl::InlinedVector<Piece, 1>;  // sorted by start
+  const Granule* GranuleOf(uint64_t offset) const;
+
   size_t max_pieces_;
-  std::map<uint64_t, Piece> pieces_;  // by start; disjoint
+  size_t pieces_ = 0;
+  absl::flat_hash_map<uint64_t, Granule> granules_;
 };
 
 }  // namespace qcow2::internal

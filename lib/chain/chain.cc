@@ -210,29 +210,32 @@ absl::Status Chain::PlanRead(int depth, uint64_t offset, uint8_t* dest,
 
 absl::StatusOr<const BackingMap::Piece*> Chain::ResolveBacking(
     uint64_t offset) {
-  constexpr uint64_t kGranule = 64 << 10;
-  BackingMap::Piece piece;
-  piece.start = offset;
-  uint64_t len = std::min(((offset / kGranule) + 1) * kGranule,
-                          backing_map_.NextStart(offset)) -
-                 offset;
-  for (int d = 1;; ++d) {
-    if (d >= length() || offset >= layers_[d]->size()) {
-      piece.length = len;
-      piece.extent.kind = Extent::kZero;
-      piece.extent.length = len;
-      break;
+  // Pieces cover their granule from its start (or from where the piece
+  // before ends), so that reads anywhere in it find them later.
+  uint64_t pos = backing_map_.FreeStart(offset);
+  while (true) {
+    BackingMap::Piece piece;
+    piece.start = pos;
+    uint64_t len = backing_map_.FreeEnd(pos) - pos;
+    for (int d = 1;; ++d) {
+      if (d >= length() || pos >= layers_[d]->size()) {
+        piece.extent.kind = Extent::kZero;
+        piece.extent.length = len;
+        break;
+      }
+      ASSIGN_OR_RETURN(Extent e, layers_[d]->Map(pos, len));
+      len = e.length;
+      if (e.kind != Extent::kUnallocated) {
+        piece.depth = d;
+        piece.extent = e;
+        break;
+      }
     }
-    ASSIGN_OR_RETURN(Extent e, layers_[d]->Map(offset, len));
-    len = e.length;
-    if (e.kind != Extent::kUnallocated) {
-      piece.length = len;
-      piece.depth = d;
-      piece.extent = e;
-      break;
-    }
+    piece.length = len;
+    if (offset < pos + len) return backing_map_.Insert(piece);
+    backing_map_.Insert(piece);
+    pos += len;
   }
-  return backing_map_.Insert(piece);
 }
 
 absl::Status Chain::PlanBackingRead(uint64_t offset, uint8_t* dest,
