@@ -1,6 +1,10 @@
 // The I/O counters (qcow2/stats.h) are exact on small scripted workloads:
 // every host byte a guest request causes is counted once, under the right
 // heading.
+#include <filesystem>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "qcow2/image.h"
 #include "tests/util/model.h"
@@ -287,6 +291,42 @@ TEST(StatsTest, ZeroPaddingSkipLooksThroughTheChain) {
       if (c >= 1 && at >= in && at < in + 1024) want = 0xab;
       ASSERT_EQ(qemu[i], want) << "guest offset " << i;
     }
+  }
+}
+
+// New clusters land inside the file: it is grown ahead of allocation (a
+// direct write that extends a file waits for every write in flight), and
+// Close() gives back what was never used.
+TEST(StatsTest, FileGrowsAheadOfAllocationAndShrinksBackAtClose) {
+  TempDir dir;
+  const std::string path = dir.File("grow.qcow2");
+  CreateOptions co;
+  co.size = kDisk;
+  co.cluster_size = kCluster;
+  ASSERT_OK(CreateImage(path, co));
+  const uint64_t created = std::filesystem::file_size(path);
+  OpenOptions rw;
+  rw.read_write = true;
+  ASSERT_OK_AND_ASSIGN(auto image, Image::Open(path, rw));
+  ASSERT_OK(image->Write(7 * kCluster, std::vector<uint8_t>(4096, 7)));
+  // Header, refcount table and block, L1 table and the new L2 table
+  // precede the data cluster; the file now reaches well past it.
+  const uint64_t grown = std::filesystem::file_size(path);
+  EXPECT_GE(grown, created + (1u << 20));
+  ASSERT_OK(image->Close());
+  const uint64_t closed = std::filesystem::file_size(path);
+  EXPECT_LT(closed, grown);
+  EXPECT_EQ(closed % kCluster, 0u);
+  // The file ends with the data cluster, the last one allocated.
+  testing::CommandResult check = testing::QemuCheck(path);
+  EXPECT_EQ(check.exit_code, 0) << check.out;
+  EXPECT_TRUE(absl::StrContains(
+      check.out, absl::StrCat("\"image-end-offset\": ", closed)))
+      << check.out;
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> qemu, testing::QemuReadAll(path));
+  for (uint64_t i = 0; i < kDisk; ++i) {
+    const bool data = i >= 7 * kCluster && i < 7 * kCluster + 4096;
+    ASSERT_EQ(qemu[i], data ? 7 : 0) << "guest offset " << i;
   }
 }
 

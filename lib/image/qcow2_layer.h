@@ -165,6 +165,12 @@ class Qcow2Layer : public Layer {
   // the header, the L1 table, an L2 table, the refcount table or a
   // refcount block. O(clusters touched): one hash probe each.
   absl::Status CheckDataTarget(uint64_t host, uint64_t len) const;
+  // Makes the file at least `end` bytes long, growing it ahead in steps
+  // (a quarter of its length, 1 MiB to 256 MiB). A direct write that
+  // extends a file waits on Linux file systems for every direct write in
+  // flight; with the file grown ahead, writes into new clusters land
+  // inside it and stay concurrent. Close() gives back what was not used.
+  absl::Status GrowAhead(uint64_t end);
   absl::Status WriteL1Entry(uint64_t index);
   absl::Status OrderL2AfterAllocation();
   absl::Status ZeroCluster(uint64_t cluster, bool free_clusters);
@@ -174,6 +180,8 @@ class Qcow2Layer : public Layer {
   std::unique_ptr<File> file_;
   Header header_;
   uint64_t file_size_;
+  // The file's length as last set by GrowAhead (0: never grown).
+  uint64_t grown_to_ = 0;
   // Metadata clusters (writable layers only); map_ and refcounts_ keep it
   // up to date.
   std::unique_ptr<MetadataSet> metadata_;

@@ -401,6 +401,9 @@ absl::Status Qcow2Layer::PlanWrite(uint64_t offset,
     if (!s.ok()) return Fail(std::move(s));
     pos += n;
   }
+  // Once the whole write is planned (a write that fails to plan changes
+  // nothing in the file), new clusters are made to lie inside the file.
+  RETURN_IF_ERROR(GrowAhead(refcounts_->end_cluster() << g.cluster_bits));
   plan->CoalesceWrites();
   return absl::OkStatus();
 }

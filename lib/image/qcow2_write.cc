@@ -169,6 +169,7 @@ absl::StatusOr<L2Ref> Qcow2Layer::L2ForWrite(uint64_t cluster) {
   // A new table: fresh, or a private copy of a shared one.
   MetadataCache& cache = map_->l2_cache();
   ASSIGN_OR_RETURN(uint64_t table, refcounts_->Allocate(1));
+  refcounts_->NoteMetadataEnd((table >> g.cluster_bits) + 1);
   RETURN_IF_ERROR(CheckDataTarget(table, g.cluster_size));
   map_->RaiseFileLimit(table + g.cluster_size);
   const uint64_t slices = g.cluster_size / g.slice_bytes;
@@ -225,6 +226,7 @@ absl::Status Qcow2Layer::Grow(uint64_t new_size) {
   // kDataLoss (corrupt refcounts) marks the image corrupt.
   if (!allocated.ok()) return Fail(allocated.status());
   const uint64_t table = *allocated;
+  refcounts_->NoteMetadataEnd((table >> g.cluster_bits) + clusters);
   std::vector<uint64_t> l1 = map_->l1();
   l1.resize(needed, 0);
   std::vector<uint8_t> raw(clusters * g.cluster_size, 0);
@@ -277,11 +279,44 @@ absl::Status Qcow2Layer::Flush() {
   return absl::OkStatus();
 }
 
+absl::Status Qcow2Layer::GrowAhead(uint64_t end) {
+  const uint64_t have = std::max(grown_to_, file_size_);
+  if (end <= have) return absl::OkStatus();
+  const uint64_t step =
+      std::clamp<uint64_t>(have / 4, uint64_t{1} << 20, uint64_t{256} << 20);
+  const uint64_t cs = map_->geometry().cluster_size;
+  const uint64_t target = (std::max(end, have + step) + cs - 1) / cs * cs;
+  RETURN_IF_ERROR(file_->Truncate(target));
+  grown_to_ = target;
+  return absl::OkStatus();
+}
+
 absl::Status Qcow2Layer::Close() {
   if (closed_) return absl::OkStatus();
   // On failure the layer stays open (and writable, unless marked corrupt):
   // the caller may retry, or keep using it.
   RETURN_IF_ERROR(Flush());
+  if (grown_to_ != 0) {
+    // Give back the room grown ahead and not used: the file ends with its
+    // last cluster in use, or the last ever given to metadata, or where it
+    // ended at open, whichever is furthest.
+    // (Clusters inside the file's last, partial cluster at open do not
+    // count: that is the file's own end.)
+    ASSIGN_OR_RETURN(uint64_t in_use, refcounts_->LastInUseEnd());
+    const uint64_t cs = map_->geometry().cluster_size;
+    const uint64_t open_end = (file_size_ + cs - 1) / cs * cs;
+    uint64_t used = file_size_;
+    for (uint64_t end :
+         {refcounts_->metadata_end_cluster() << header_.cluster_bits,
+          in_use << header_.cluster_bits}) {
+      if (end > open_end) used = std::max(used, end);
+    }
+    if (used < grown_to_) {
+      RETURN_IF_ERROR(file_->Truncate(used));
+      RETURN_IF_ERROR(file_->Flush());
+    }
+    grown_to_ = 0;
+  }
   if (writable_ && (header_.incompatible_features & kIncompatDirty)) {
     header_.incompatible_features &= ~kIncompatDirty;
     if (absl::Status s = WriteHeaderFields(); !s.ok()) {

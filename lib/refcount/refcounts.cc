@@ -219,7 +219,7 @@ absl::StatusOr<bool> Refcounts::EnsureBlock(uint64_t cluster) {
     } else {
       RETURN_IF_ERROR(Update(b << cluster_bits_, cluster_size_, 1));
     }
-    NoteEnd(b + 1);
+    NoteMetadataEnd(b + 1);
     // The block (and the count that covers it) must be durable before the
     // table points at it.
     absl::Status s = cache_.Flush();
@@ -269,6 +269,9 @@ absl::Status Refcounts::GrowTable(uint64_t needed_index) {
         filename_, ": refcount table would exceed the 8 MiB limit"));
   }
   const uint64_t area_end = place + table_clusters + blocks;
+  // Marked in use before anything is written there: if a later step fails,
+  // the bytes may still reach the disk with a header that names them.
+  NoteMetadataEnd(area_end);
   EmitEvent("refcount-table-grow");
   std::vector<uint64_t> table(entries, 0);
   std::copy(table_.begin(), table_.end(), table.begin());
@@ -302,7 +305,6 @@ absl::Status Refcounts::GrowTable(uint64_t needed_index) {
   table_ = std::move(table);
   table_offset_ = place << cluster_bits_;
   table_clusters_ = static_cast<uint32_t>(table_clusters);
-  NoteEnd(area_end);
   if (metadata_ != nullptr) {
     metadata_->Remove(MetadataSet::kRefcountTable, old_offset,
                       old_clusters << cluster_bits_);
@@ -382,6 +384,16 @@ absl::StatusOr<uint64_t> Refcounts::Allocate(uint64_t n) {
 }
 
 absl::Status Refcounts::Flush() { return cache_.Flush(); }
+
+absl::StatusOr<uint64_t> Refcounts::LastInUseEnd() {
+  for (uint64_t c = end_cluster_; c > 0; --c) {
+    const uint64_t idx = (c - 1) / block_entries_;
+    if (idx >= table_.size() || table_[idx] == 0) continue;
+    ASSIGN_OR_RETURN(uint64_t rc, Get(c - 1));
+    if (rc != 0) return c;
+  }
+  return 0;
+}
 
 uint64_t Refcounts::SealQuarantine() {
   ++generation_;

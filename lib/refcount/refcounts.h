@@ -96,6 +96,21 @@ class Refcounts {
   void NoteEnd(uint64_t end_cluster) {
     if (end_cluster > end_cluster_) end_cluster_ = end_cluster;
   }
+  // Highest cluster index + 1 ever given to metadata (refcount blocks and
+  // tables here; L1 and L2 tables by the owner through NoteMetadataEnd).
+  // Metadata may reach the disk even when the step that links it failed
+  // (a failed flush can still write it later), so the file never ends
+  // below this.
+  uint64_t metadata_end_cluster() const { return metadata_end_cluster_; }
+  void NoteMetadataEnd(uint64_t end_cluster) {
+    NoteEnd(end_cluster);
+    if (end_cluster > metadata_end_cluster_) {
+      metadata_end_cluster_ = end_cluster;
+    }
+  }
+  // One past the last cluster with a refcount above zero, looking down
+  // from end_cluster() (0 if none).
+  absl::StatusOr<uint64_t> LastInUseEnd();
 
   // Called when a cluster's refcount drops to 0 (to drop cached copies and
   // discard its bytes).
@@ -136,6 +151,7 @@ class Refcounts {
   MetadataSet* metadata_ = nullptr;
   uint64_t free_hint_ = 0;
   uint64_t end_cluster_ = 0;
+  uint64_t metadata_end_cluster_ = 0;
   // Clusters freed since the last flush: [start, end) cluster ranges.
   std::vector<std::pair<uint64_t, uint64_t>> quarantine_;
   struct Sealed {
