@@ -1117,6 +1117,50 @@ TEST(SnapshotTest, OverlayWithItsOwnOptions) {
   EXPECT_TRUE(base_file_after == base_file_before);
 }
 
+// Overlays get extended L2 entries unless told otherwise (or their
+// cluster size cannot have them).
+TEST(SnapshotTest, ExtendedL2ByDefault) {
+  SKIP_WITHOUT_QEMU();
+  TempDir dir;
+  const std::string base = dir.File("base.qcow2");
+  ASSERT_OK(MakeBase(base, "qcow2"));
+  struct Case {
+    std::vector<std::string> flags;
+    bool extended_l2;
+    uint64_t cluster_size;
+  };
+  const Case cases[] = {
+      {{}, true, 65536},
+      {{"--no-extended-l2"}, false, 65536},
+      {{"-o", "extended_l2=off"}, false, 65536},
+      {{"-o", "cluster_size=4k"}, false, 4096},
+      {{"-o", "cluster_size=16k"}, true, 16384},
+      {{"-o", "compression_type=zstd,cluster_size=2M"}, true, 2u << 20},
+  };
+  int n = 0;
+  for (const Case& c : cases) {
+    const std::string over = dir.File(absl::StrCat("o", n++, ".qcow2"));
+    std::vector<std::string> argv = {"snapshot", "-q"};
+    argv.insert(argv.end(), c.flags.begin(), c.flags.end());
+    argv.push_back(base);
+    argv.push_back(over);
+    CommandResult r = Tool(argv);
+    ASSERT_EQ(r.exit_code, 0) << Describe(r);
+    ASSERT_OK_AND_ASSIGN(json::Value info, QemuInfo(over));
+    const std::string what = absl::StrJoin(c.flags, " ");
+    EXPECT_EQ(info["format-specific"]["data"]["extended-l2"].as_bool(),
+              c.extended_l2)
+        << what;
+    EXPECT_EQ(info["cluster-size"].as_uint64(), c.cluster_size) << what;
+    // QEMU writes into it and reads the base through it.
+    absl::Status io = QemuIo(
+        over, {"write -P 7 4096 4096", "read -P 7 4096 4096",
+               absl::StrCat("read -P ", kBasePattern, " 0 4096")});
+    EXPECT_TRUE(io.ok()) << what << ": " << io;
+    EXPECT_EQ(QemuCheck(over).exit_code, 0) << what;
+  }
+}
+
 TEST(SnapshotTest, BackingNameAndFormat) {
   SKIP_WITHOUT_QEMU();
   TempDir dir;

@@ -13,6 +13,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 
@@ -25,7 +27,8 @@ int RunCreateWithUsage(int argc, char** argv, const std::string& usage);
 namespace {
 
 constexpr char kUsage[] =
-    "usage: qcowtool snapshot [-q] [-o OPTIONS] [-F FMT] IMAGE OVERLAY\n"
+    "usage: qcowtool snapshot [-q] [-o OPTIONS] [-F FMT] [--no-extended-l2]\n"
+    "                         IMAGE OVERLAY\n"
     "       qcowtool snapshot -l IMAGE | -c NAME IMAGE | -a NAME IMAGE |\n"
     "                         -d NAME IMAGE      (not supported yet)\n"
     "\n"
@@ -36,9 +39,18 @@ constexpr char kUsage[] =
     "and IMAGE's format (probed unless -F is given). The size is IMAGE's\n"
     "unless -o size= says otherwise.\n"
     "\n"
+    "OVERLAY gets extended L2 entries (subcluster allocation) unless -o\n"
+    "says otherwise or its cluster size is below 16k: a small write into it\n"
+    "then copies at most one subcluster (cluster_size/32) from IMAGE instead\n"
+    "of a whole cluster. Opening such an image needs QEMU 5.2 or later;\n"
+    "--no-extended-l2 (or -o extended_l2=off) makes one that older QEMU\n"
+    "can open.\n"
+    "\n"
     "  -o OPTIONS  OVERLAY's creation options, as for 'qcowtool create'\n"
     "              (cluster_size, extended_l2, compression_type, ...;\n"
     "              '-o help' lists them)\n"
+    "  --no-extended-l2\n"
+    "              standard L2 entries (for QEMU before 5.2)\n"
     "  -F FMT      format of IMAGE: qcow2 or raw (default: probe)\n"
     "  -q          do not print the \"Formatting ...\" line\n"
     "  -l, -c, -a, -d\n"
@@ -54,6 +66,7 @@ struct SnapshotArgs {
   std::string backing_format;
   bool quiet = false;
   bool internal = false;  // -l, -c, -a or -d
+  bool no_extended_l2 = false;
   std::string image;
   std::string overlay;
 };
@@ -65,6 +78,7 @@ int ParseArgs(int argc, char** argv, SnapshotArgs* args) {
       {"options", required_argument, nullptr, 'o'},
       {"backing-format", required_argument, nullptr, 'F'},
       {"quiet", no_argument, nullptr, 'q'},
+      {"no-extended-l2", no_argument, nullptr, 'X'},
       {nullptr, 0, nullptr, 0},
   };
   ResetGetopt();
@@ -85,6 +99,9 @@ int ParseArgs(int argc, char** argv, SnapshotArgs* args) {
         break;
       case 'q':
         args->quiet = true;
+        break;
+      case 'X':
+        args->no_extended_l2 = true;
         break;
       case 'l':
       case 'c':
@@ -154,6 +171,24 @@ absl::StatusOr<std::string> BackingName(const std::string& image,
   return (canon_image_dir / image_path.filename()).string();
 }
 
+// Whether OVERLAY gets extended L2 entries by default: when no -o list
+// names extended_l2 and the cluster size (if given) allows them.
+bool DefaultExtendedL2(const SnapshotArgs& args) {
+  if (args.no_extended_l2) return false;
+  for (const std::string& list : args.option_lists) {
+    for (absl::string_view item : absl::StrSplit(list, ',')) {
+      if (absl::StartsWith(item, "extended_l2")) return false;
+      if (absl::ConsumePrefix(&item, "cluster_size=")) {
+        absl::StatusOr<uint64_t> cs =
+            ParseSize(std::string_view(item.data(), item.size()));
+        // A bad size is for create to report.
+        if (!cs.ok() || *cs < (16u << 10)) return false;
+      }
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 int RunSnapshot(int argc, char** argv) {
@@ -161,6 +196,10 @@ int RunSnapshot(int argc, char** argv) {
   if (int rc = ParseArgs(argc, argv, &args); rc >= 0) return rc;
 
   std::vector<std::string> create = {argv[0], "-f", "qcow2"};
+  if (!args.internal && !args.overlay.empty() && DefaultExtendedL2(args)) {
+    create.push_back("-o");
+    create.push_back("extended_l2=on");
+  }
   for (const std::string& list : args.option_lists) {
     create.push_back("-o");
     create.push_back(list);
