@@ -257,6 +257,61 @@ TEST(BenchCliTest, ScalingRatiosMatchRawRows) {
   EXPECT_TRUE(DirEmpty(dir.path()));
 }
 
+// The rmw rows: fresh overlays (standard and extended L2) and the
+// allocated image per size, then reads at depth 0 and N. The counters show
+// the copy-on-write each row implies; ratios point at the right baseline.
+TEST(BenchCliTest, RmwRowsAndBaselines) {
+  TempDir dir;
+  json::Value v = RunJson(dir, {"rmw", "--image-size=8M", "--depth=3",
+                                "--count=200", "--time=0.2"});
+  const json::Value& rows = v["rows"];
+  ASSERT_EQ(rows.size(), 2u * 4 + 2);
+  auto iops_of = [&](size_t i) { return Num(rows[i], "iops"); };
+  for (size_t b = 0; b < 2; ++b) {
+    const uint64_t bs = b == 0 ? 4096 : 65536;
+    const json::Value& std_l2 = rows[4 * b];
+    const json::Value& ext_l2 = rows[4 * b + 1];
+    const json::Value& alloc = rows[4 * b + 2];
+    const json::Value& raw = rows[4 * b + 3];
+    EXPECT_EQ(raw["target"].as_string(), "fresh raw file");
+    EXPECT_EQ(Num(raw, "cow_read_per_guest_byte"), 0);
+    for (const json::Value* r : {&std_l2, &ext_l2, &alloc, &raw}) {
+      EXPECT_EQ((*r)["bs"].as_uint64(), bs);
+      EXPECT_EQ((*r)["op"].as_string(), "write");
+      EXPECT_EQ((*r)["ops"].as_uint64(), 200u);
+      CheckRow(*r, "write");
+    }
+    EXPECT_EQ(std_l2["target"].as_string(), "fresh overlay");
+    EXPECT_FALSE(std_l2["extended_l2"].as_bool());
+    EXPECT_TRUE(ext_l2["extended_l2"].as_bool());
+    EXPECT_EQ(alloc["target"].as_string(), "allocated");
+    EXPECT_TRUE(alloc["ratio_vs_baseline"].is_null());
+    EXPECT_EQ(alloc["cluster_allocations"].as_uint64(), 0u);
+    EXPECT_GT(std_l2["cluster_allocations"].as_uint64(), 0u);
+    for (size_t i : {4 * b, 4 * b + 1, 4 * b + 3}) {
+      EXPECT_NEAR(Num(rows[i], "ratio_vs_baseline"),
+                  iops_of(i) / iops_of(4 * b + 2),
+                  1e-3 * Num(rows[i], "ratio_vs_baseline"));
+    }
+    // 64 KiB writes cover whole clusters and 4 KiB ones whole subclusters:
+    // no copy at all. Standard L2 with 4 KiB writes copies the rest of
+    // each new cluster: 60 KiB read per allocation.
+    EXPECT_EQ(Num(ext_l2, "cow_read_per_guest_byte"), 0);
+    if (bs == 65536) {
+      EXPECT_EQ(Num(std_l2, "cow_read_per_guest_byte"), 0);
+    } else {
+      EXPECT_NEAR(Num(std_l2, "cow_read_clusters_per_alloc"), 60.0 / 64,
+                  1e-9);
+    }
+  }
+  EXPECT_EQ(rows[8]["depth"].as_uint64(), 0u);
+  EXPECT_EQ(rows[9]["depth"].as_uint64(), 3u);
+  EXPECT_TRUE(rows[8]["ratio_vs_baseline"].is_null());
+  EXPECT_NEAR(Num(rows[9], "ratio_vs_baseline"), iops_of(9) / iops_of(8),
+              1e-3 * Num(rows[9], "ratio_vs_baseline"));
+  EXPECT_TRUE(DirEmpty(dir.path()));
+}
+
 TEST(BenchCliTest, QdSideBySide) {
   TempDir dir;
   json::Value v = RunJson(dir, {"qd", "--image-size=4M", "--qd=1,4",

@@ -16,7 +16,8 @@ namespace {
 absl::string_view AV(std::string_view s) { return {s.data(), s.size()}; }
 
 constexpr std::string_view kWorkloads[] = {"overlay", "scaling", "qd",
-                                           "pattern", "cdm",     "sweep"};
+                                           "pattern", "cdm",     "sweep",
+                                           "rmw"};
 
 constexpr std::string_view kModeNames[] = {"separate", "shared", "raw-separate",
                                            "raw-shared"};

@@ -58,6 +58,7 @@ absl::Status RunQd(Env& env, Report* report);
 absl::Status RunPattern(Env& env, Report* report);
 absl::Status RunCdm(Env& env, Report* report);
 absl::Status RunSweep(Env& env, Report* report);
+absl::Status RunRmw(Env& env, Report* report);
 
 }  // namespace qcow2::tool::bench
 
