@@ -330,6 +330,51 @@ TEST(StatsTest, FileGrowsAheadOfAllocationAndShrinksBackAtClose) {
   }
 }
 
+// A cluster whose tail was never written ends past the end of the file
+// (QEMU leaves it so, and so do we); a later session's write there goes in
+// place, past the size the file had at open. Giving back the grown room at close must keep it (found by
+// fuzz_ops: fuzz/regressions/fuzz_ops/close-truncated-in-place-tail).
+TEST(StatsTest, InPlaceWritePastTheOpenSizeSurvivesClose) {
+  TempDir dir;
+  const std::string path = dir.File("tail.qcow2");
+  CreateOptions co;
+  co.size = kDisk;
+  co.cluster_size = kCluster;
+  ASSERT_OK(CreateImage(path, co));
+  OpenOptions rw;
+  rw.read_write = true;
+  {
+    ASSERT_OK_AND_ASSIGN(auto image, Image::Open(path, rw));
+    ASSERT_OK(image->Write(0, std::vector<uint8_t>(4096, 1)));
+    ASSERT_OK(image->Close());
+  }
+  // The data cluster is the file's last; end the file 4 KiB into it (what
+  // a crash before the close leaves, or a zeroing write that never grew
+  // the file): the rest reads as zeros either way.
+  uint64_t before = std::filesystem::file_size(path);
+  ASSERT_EQ(before % kCluster, 0u);
+  before -= kCluster - 4096;
+  std::filesystem::resize_file(path, before);
+  ASSERT_EQ(testing::QemuCheck(path).exit_code, 0);
+  {
+    ASSERT_OK_AND_ASSIGN(auto image, Image::Open(path, rw));
+    // In place, past the file's end (the write grows the file ahead to
+    // the end of that cluster and beyond).
+    ASSERT_OK(image->Write(32768, std::vector<uint8_t>(4096, 2)));
+    ASSERT_OK(image->Close());
+  }
+  EXPECT_GT(std::filesystem::file_size(path), before);
+  testing::CommandResult check = testing::QemuCheck(path);
+  EXPECT_EQ(check.exit_code, 0) << check.out;
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> qemu, testing::QemuReadAll(path));
+  for (uint64_t i = 0; i < kDisk; ++i) {
+    uint8_t want = 0;
+    if (i < 4096) want = 1;
+    if (i >= 32768 && i < 32768 + 4096) want = 2;
+    ASSERT_EQ(qemu[i], want) << "guest offset " << i;
+  }
+}
+
 // Write-zeroes and discard on a raw file are one zero-range call each, run
 // by the queue's ring.
 TEST(StatsTest, RawZeroRangeThroughQueue) {

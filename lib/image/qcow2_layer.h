@@ -4,6 +4,7 @@
 #ifndef QCOW2_LIB_IMAGE_QCOW2_LAYER_H_
 #define QCOW2_LIB_IMAGE_QCOW2_LAYER_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -171,6 +172,12 @@ class Qcow2Layer : public Layer {
   // flight; with the file grown ahead, writes into new clusters land
   // inside it and stay concurrent. Close() gives back what was not used.
   absl::Status GrowAhead(uint64_t end);
+  // Called when a write into the host cluster at `host` has committed (a
+  // new cluster) or is planned (in place): the file must keep that
+  // cluster.
+  void NoteDataWritten(uint64_t host) {
+    data_end_ = std::max(data_end_, host + map_->geometry().cluster_size);
+  }
   absl::Status WriteL1Entry(uint64_t index);
   absl::Status OrderL2AfterAllocation();
   absl::Status ZeroCluster(uint64_t cluster, bool free_clusters);
@@ -182,6 +189,8 @@ class Qcow2Layer : public Layer {
   uint64_t file_size_;
   // The file's length as last set by GrowAhead (0: never grown).
   uint64_t grown_to_ = 0;
+  // End of the furthest host cluster a committed write went to.
+  uint64_t data_end_ = 0;
   // Metadata clusters (writable layers only); map_ and refcounts_ keep it
   // up to date.
   std::unique_ptr<MetadataSet> metadata_;

@@ -249,6 +249,7 @@ absl::Status Qcow2Layer::PlanSubclusters(const L2Ref& ref, uint64_t entry,
     plan->commits.push_back([this, ref = L2Ref(ref), host, new_bitmap]() mutable {
       RETURN_IF_ERROR(OrderL2AfterAllocation());
       ref.Set(host | kOflagCopied, new_bitmap);
+      NoteDataWritten(host);
       return absl::OkStatus();
     });
   }
@@ -268,7 +269,9 @@ absl::Status Qcow2Layer::PlanWriteCluster(uint64_t cluster,
   const uint64_t guest = cluster << g.cluster_bits;
 
   if (!compressed && host != 0 && (entry & kOflagCopied)) {
-    // The cluster is ours alone: write in place.
+    // The cluster is ours alone: write in place. (It may end past the
+    // file's end when its tail was never written: the file keeps it.)
+    NoteDataWritten(host);
     if (g.extended_l2) {
       return PlanSubclusters(ref, entry, bitmap, cluster, in_cluster, data,
                              false, false, plan);
@@ -295,6 +298,7 @@ absl::Status Qcow2Layer::PlanWriteCluster(uint64_t cluster,
     plan->commits.push_back([this, ref, host]() mutable {
       RETURN_IF_ERROR(OrderL2AfterAllocation());
       ref.Set(host | kOflagCopied, 0);
+      NoteDataWritten(host);
       return absl::OkStatus();
     });
     return absl::OkStatus();
@@ -379,6 +383,7 @@ absl::Status Qcow2Layer::PlanWriteCluster(uint64_t cluster,
                            bitmap, guest]() mutable {
     RETURN_IF_ERROR(OrderL2AfterAllocation());
     ref.Set(fresh | kOflagCopied, new_bitmap);
+    NoteDataWritten(fresh);
     if (release) RETURN_IF_ERROR(ReleaseHost(entry, bitmap, guest));
     return absl::OkStatus();
   });

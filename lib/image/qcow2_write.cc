@@ -297,20 +297,13 @@ absl::Status Qcow2Layer::Close() {
   // the caller may retry, or keep using it.
   RETURN_IF_ERROR(Flush());
   if (grown_to_ != 0) {
-    // Give back the room grown ahead and not used: the file ends with its
-    // last cluster in use, or the last ever given to metadata, or where it
-    // ended at open, whichever is furthest.
-    // (Clusters inside the file's last, partial cluster at open do not
-    // count: that is the file's own end.)
-    ASSIGN_OR_RETURN(uint64_t in_use, refcounts_->LastInUseEnd());
-    const uint64_t cs = map_->geometry().cluster_size;
-    const uint64_t open_end = (file_size_ + cs - 1) / cs * cs;
-    uint64_t used = file_size_;
-    for (uint64_t end :
-         {refcounts_->metadata_end_cluster() << header_.cluster_bits,
-          in_use << header_.cluster_bits}) {
-      if (end > open_end) used = std::max(used, end);
-    }
+    // Give back the room grown ahead and not used. The file keeps its size
+    // at open, every cluster a committed write went to, and every cluster
+    // ever given to metadata (which a failed step may still have put on
+    // disk). Clusters allocated for writes that failed hold nothing.
+    const uint64_t used = std::max(
+        {file_size_, data_end_,
+         refcounts_->metadata_end_cluster() << header_.cluster_bits});
     if (used < grown_to_) {
       RETURN_IF_ERROR(file_->Truncate(used));
       RETURN_IF_ERROR(file_->Flush());

@@ -49,6 +49,7 @@ absl::Status Qcow2Layer::ZeroCluster(uint64_t cluster, bool free_clusters) {
       RETURN_IF_ERROR(CheckDataTarget(host, g.cluster_size));
       CountMetadata(&IoStats::host_zero_ops, 1);
       CountMetadata(&IoStats::host_zero_bytes, g.cluster_size);
+      NoteDataWritten(host);
       return file_->WriteZeroes(host, g.cluster_size);
     }
     if (entry == 0) return absl::OkStatus();

@@ -385,16 +385,6 @@ absl::StatusOr<uint64_t> Refcounts::Allocate(uint64_t n) {
 
 absl::Status Refcounts::Flush() { return cache_.Flush(); }
 
-absl::StatusOr<uint64_t> Refcounts::LastInUseEnd() {
-  for (uint64_t c = end_cluster_; c > 0; --c) {
-    const uint64_t idx = (c - 1) / block_entries_;
-    if (idx >= table_.size() || table_[idx] == 0) continue;
-    ASSIGN_OR_RETURN(uint64_t rc, Get(c - 1));
-    if (rc != 0) return c;
-  }
-  return 0;
-}
-
 uint64_t Refcounts::SealQuarantine() {
   ++generation_;
   for (const auto& [s, e] : quarantine_) {

@@ -108,9 +108,6 @@ class Refcounts {
       metadata_end_cluster_ = end_cluster;
     }
   }
-  // One past the last cluster with a refcount above zero, looking down
-  // from end_cluster() (0 if none).
-  absl::StatusOr<uint64_t> LastInUseEnd();
 
   // Called when a cluster's refcount drops to 0 (to drop cached copies and
   // discard its bytes).
