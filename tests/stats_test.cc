@@ -18,6 +18,20 @@ using testing::TempDir;
 constexpr uint64_t kCluster = 65536;
 constexpr uint64_t kDisk = 16 << 20;
 
+// An empty image of kDisk bytes with kCluster clusters, no backing file.
+absl::Status CreateEmpty(const std::string& path) {
+  CreateOptions co;
+  co.size = kDisk;
+  co.cluster_size = kCluster;
+  return CreateImage(path, co);
+}
+
+OpenOptions ReadWrite() {
+  OpenOptions rw;
+  rw.read_write = true;
+  return rw;
+}
+
 // A backing file written everywhere, and a fresh overlay over it.
 std::unique_ptr<Image> FreshOverlay(const TempDir& dir, bool extended_l2) {
   CreateOptions base;
@@ -189,13 +203,8 @@ TEST(StatsTest, ReadsAndQueueCountersAddUp) {
 TEST(StatsTest, ZeroPaddingIntoNeverWrittenClusterIsSkipped) {
   TempDir dir;
   const std::string path = dir.File("empty.qcow2");
-  CreateOptions co;
-  co.size = kDisk;
-  co.cluster_size = kCluster;
-  ASSERT_OK(CreateImage(path, co));
-  OpenOptions rw;
-  rw.read_write = true;
-  ASSERT_OK_AND_ASSIGN(auto image, Image::Open(path, rw));
+  ASSERT_OK(CreateEmpty(path));
+  ASSERT_OK_AND_ASSIGN(auto image, Image::Open(path, ReadWrite()));
   ASSERT_OK(image->Write(0, std::vector<uint8_t>(4096, 1)));  // L2 table
   const std::vector<uint8_t> data(4096, 0xab);
 
@@ -300,14 +309,9 @@ TEST(StatsTest, ZeroPaddingSkipLooksThroughTheChain) {
 TEST(StatsTest, FileGrowsAheadOfAllocationAndShrinksBackAtClose) {
   TempDir dir;
   const std::string path = dir.File("grow.qcow2");
-  CreateOptions co;
-  co.size = kDisk;
-  co.cluster_size = kCluster;
-  ASSERT_OK(CreateImage(path, co));
+  ASSERT_OK(CreateEmpty(path));
   const uint64_t created = std::filesystem::file_size(path);
-  OpenOptions rw;
-  rw.read_write = true;
-  ASSERT_OK_AND_ASSIGN(auto image, Image::Open(path, rw));
+  ASSERT_OK_AND_ASSIGN(auto image, Image::Open(path, ReadWrite()));
   ASSERT_OK(image->Write(7 * kCluster, std::vector<uint8_t>(4096, 7)));
   // Header, refcount table and block, L1 table and the new L2 table
   // precede the data cluster; the file now reaches well past it.
@@ -330,17 +334,14 @@ TEST(StatsTest, FileGrowsAheadOfAllocationAndShrinksBackAtClose) {
   }
 }
 
-// A cluster whose tail was never written ends past the end of the file
-// (QEMU leaves it so, and so do we); a later session's write there goes in
-// place, past the size the file had at open. Giving back the grown room at close must keep it (found by
+// A cluster whose tail was never written may end past the end of the file;
+// a later session's write there goes in place, past the size the file had
+// at open. Giving back the grown room at close must keep it (found by
 // fuzz_ops: fuzz/regressions/fuzz_ops/close-truncated-in-place-tail).
 TEST(StatsTest, InPlaceWritePastTheOpenSizeSurvivesClose) {
   TempDir dir;
   const std::string path = dir.File("tail.qcow2");
-  CreateOptions co;
-  co.size = kDisk;
-  co.cluster_size = kCluster;
-  ASSERT_OK(CreateImage(path, co));
+  ASSERT_OK(CreateEmpty(path));
   OpenOptions rw;
   rw.read_write = true;
   {
