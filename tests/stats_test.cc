@@ -1,6 +1,7 @@
 // The I/O counters (qcow2/stats.h) are exact on small scripted workloads:
 // every host byte a guest request causes is counted once, under the right
 // heading.
+#include <algorithm>
 #include <filesystem>
 
 #include "absl/strings/match.h"
@@ -30,6 +31,28 @@ OpenOptions ReadWrite() {
   OpenOptions rw;
   rw.read_write = true;
   return rw;
+}
+
+// Runs of one byte value in an otherwise zero disk.
+struct Fill {
+  uint64_t offset, len;
+  uint8_t byte;
+};
+
+// qemu-img check finds `path` clean, and qemu-img reads the whole disk as
+// zeros except `fills`.
+void ExpectQemuSees(const std::string& path, std::vector<Fill> fills) {
+  testing::CommandResult check = testing::QemuCheck(path);
+  EXPECT_EQ(check.exit_code, 0) << check.out;
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> qemu, testing::QemuReadAll(path));
+  ASSERT_EQ(qemu.size(), kDisk);
+  std::vector<uint8_t> want(kDisk, 0);
+  for (const Fill& f : fills) {
+    std::fill_n(want.begin() + f.offset, f.len, f.byte);
+  }
+  for (uint64_t i = 0; i < kDisk; ++i) {
+    ASSERT_EQ(qemu[i], want[i]) << "guest offset " << i;
+  }
 }
 
 // A backing file written everywhere, and a fresh overlay over it.
@@ -234,16 +257,9 @@ TEST(StatsTest, ZeroPaddingIntoNeverWrittenClusterIsSkipped) {
   EXPECT_EQ(s.cow_read_bytes, 0u);  // zeros come from memory
 
   ASSERT_OK(image->Close());
-  testing::CommandResult check = testing::QemuCheck(path);
-  EXPECT_EQ(check.exit_code, 0) << check.out;
-  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> qemu, testing::QemuReadAll(path));
-  for (uint64_t i = 0; i < kDisk; ++i) {
-    uint8_t want = 0;
-    if (i < 4096) want = 1;
-    const uint64_t c3 = 3 * kCluster + 8192, c9 = 9 * kCluster + 8192;
-    if ((i >= c3 && i < c3 + 4096) || (i >= c9 && i < c9 + 4096)) want = 0xab;
-    ASSERT_EQ(qemu[i], want) << "guest offset " << i;
-  }
+  ExpectQemuSees(path, {{0, 4096, 1},
+                        {3 * kCluster + 8192, 4096, 0xab},
+                        {9 * kCluster + 8192, 4096, 0xab}});
 }
 
 // Over a backing file, only padding that reads as zeros all the way down
@@ -323,15 +339,10 @@ TEST(StatsTest, FileGrowsAheadOfAllocationAndShrinksBackAtClose) {
   EXPECT_EQ(closed % kCluster, 0u);
   // The file ends with the data cluster, the last one allocated.
   testing::CommandResult check = testing::QemuCheck(path);
-  EXPECT_EQ(check.exit_code, 0) << check.out;
   EXPECT_TRUE(absl::StrContains(
       check.out, absl::StrCat("\"image-end-offset\": ", closed)))
       << check.out;
-  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> qemu, testing::QemuReadAll(path));
-  for (uint64_t i = 0; i < kDisk; ++i) {
-    const bool data = i >= 7 * kCluster && i < 7 * kCluster + 4096;
-    ASSERT_EQ(qemu[i], data ? 7 : 0) << "guest offset " << i;
-  }
+  ExpectQemuSees(path, {{7 * kCluster, 4096, 7}});
 }
 
 // A cluster whose tail was never written may end past the end of the file;
@@ -365,15 +376,7 @@ TEST(StatsTest, InPlaceWritePastTheOpenSizeSurvivesClose) {
     ASSERT_OK(image->Close());
   }
   EXPECT_GT(std::filesystem::file_size(path), before);
-  testing::CommandResult check = testing::QemuCheck(path);
-  EXPECT_EQ(check.exit_code, 0) << check.out;
-  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> qemu, testing::QemuReadAll(path));
-  for (uint64_t i = 0; i < kDisk; ++i) {
-    uint8_t want = 0;
-    if (i < 4096) want = 1;
-    if (i >= 32768 && i < 32768 + 4096) want = 2;
-    ASSERT_EQ(qemu[i], want) << "guest offset " << i;
-  }
+  ExpectQemuSees(path, {{0, 4096, 1}, {32768, 4096, 2}});
 }
 
 // Write-zeroes and discard on a raw file are one zero-range call each, run
