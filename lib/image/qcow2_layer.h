@@ -189,7 +189,8 @@ class Qcow2Layer : public Layer {
   uint64_t file_size_;
   // The file's length as last set by GrowAhead (0: never grown).
   uint64_t grown_to_ = 0;
-  // End of the furthest host cluster a committed write went to.
+  // End of the furthest host cluster written to: new clusters when their
+  // write commits, clusters already ours when a write into them is planned.
   uint64_t data_end_ = 0;
   // Metadata clusters (writable layers only); map_ and refcounts_ keep it
   // up to date.
