@@ -410,12 +410,20 @@ absl::Status Checker::CheckBitmaps(CheckResult* res) {
     }
     RETURN_IF_ERROR(
         Inc(res, table_offset, uint64_t{table_size} * 8, kMetaBitmap));
-    std::vector<uint8_t> table(uint64_t{table_size} * 8);
+    // Past the end of the file the table reads as zero entries, which
+    // reference nothing: read only the part inside the file, so that a
+    // table size from an untrusted image cannot ask for gigabytes.
+    const uint64_t table_bytes = uint64_t{table_size} * 8;
+    const uint64_t in_file =
+        table_offset >= file_size_
+            ? 0
+            : std::min(table_bytes, file_size_ - table_offset) / 8 * 8;
+    std::vector<uint8_t> table(in_file);
     if (!file_->ReadAt(table_offset, absl::MakeSpan(table)).ok()) {
       ++res->corruptions;
       break;
     }
-    for (uint32_t i = 0; i < table_size; ++i) {
+    for (uint64_t i = 0; i < in_file / 8; ++i) {
       const uint64_t e = LoadBE64(&table[uint64_t{i} * 8]);
       const uint64_t off = e & kEntryOffsetMask;
       if ((e & kBitmapEntryReservedMask) ||
