@@ -55,6 +55,10 @@ struct Config {
   bool backing = true;
   bool direct = false;
   bool use_io_uring = true;
+  // 0: the defaults. A tiny L2 cache keeps entries leaving and coming back,
+  // so misses read without the lock meet write-backs of the same slices.
+  uint64_t l2_cache_bytes = 0;
+  uint32_t l2_slice_bytes = 0;
 };
 
 void CreateQcow2(const std::string& path, uint64_t size, uint32_t cluster,
@@ -99,6 +103,8 @@ TEST_P(ConcurrencyTest, RandomOverlappingOpsMatchSerialModel) {
   OpenOptions oo;
   oo.read_write = true;
   oo.direct_io = cfg.direct;
+  if (cfg.l2_cache_bytes != 0) oo.l2_cache_bytes = cfg.l2_cache_bytes;
+  if (cfg.l2_slice_bytes != 0) oo.l2_slice_bytes = cfg.l2_slice_bytes;
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Image> image, Image::Open(top, oo));
 
   std::mutex order_mu;
@@ -217,6 +223,12 @@ Config Make(uint32_t cluster, bool ext, bool backing, bool direct,
   return c;
 }
 
+Config TinyL2Cache(Config c) {
+  c.l2_cache_bytes = 2048;  // four 512-byte slices
+  c.l2_slice_bytes = 512;
+  return c;
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Chains, ConcurrencyTest,
     ::testing::Values(Make(4096, false, true, false, true),
@@ -224,13 +236,16 @@ INSTANTIATE_TEST_SUITE_P(
                       Make(65536, true, true, false, true),
                       Make(4096, false, false, false, true),
                       Make(65536, true, true, true, true),
-                      Make(65536, false, true, false, false)),
+                      Make(65536, false, true, false, false),
+                      TinyL2Cache(Make(4096, false, true, false, true)),
+                      TinyL2Cache(Make(65536, true, true, false, false))),
     [](const ::testing::TestParamInfo<Config>& info) {
       const Config& c = info.param;
       return std::to_string(c.cluster / 1024) + "k" +
              (c.extended_l2 ? "_ext" : "") +
              (c.backing ? "_overlay" : "_nobacking") +
-             (c.direct ? "_direct" : "") + (c.use_io_uring ? "" : "_sync");
+             (c.direct ? "_direct" : "") + (c.use_io_uring ? "" : "_sync") +
+             (c.l2_cache_bytes != 0 ? "_tinyl2" : "");
     });
 
 // Two queues write the two halves of one unallocated cluster at the same

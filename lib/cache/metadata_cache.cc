@@ -8,6 +8,28 @@
 
 namespace qcow2::internal {
 
+namespace {
+thread_local MissDeferral* t_deferral = nullptr;
+}  // namespace
+
+MissDeferral::MissDeferral(const IoPlan* plan)
+    : plan_(plan), saved_(t_deferral) {
+  t_deferral = this;
+}
+
+MissDeferral::~MissDeferral() { t_deferral = saved_; }
+
+MissDeferral* MissDeferral::Active() {
+  MissDeferral* d = t_deferral;
+  if (d == nullptr || d->deferred()) return d;
+  const IoPlan* p = d->plan_;
+  if (!p->reads.empty() || !p->writes.empty() || !p->commits.empty() ||
+      !p->aborts.empty() || !p->after_reads.empty()) {
+    return nullptr;
+  }
+  return d;
+}
+
 MetadataCache::MetadataCache(File* file, uint32_t entry_size, size_t capacity,
                              std::string what)
     : file_(file),
@@ -24,11 +46,21 @@ MetadataCache::Handle MetadataCache::Insert(uint64_t offset) {
   return e;
 }
 
-absl::StatusOr<MetadataCache::Handle> MetadataCache::Get(uint64_t offset) {
+absl::StatusOr<MetadataCache::Handle> MetadataCache::Get(uint64_t offset,
+                                                         bool may_defer) {
   auto it = map_.find(offset);
   if (it != map_.end()) {
     lru_.splice(lru_.begin(), lru_, it->second.lru);
     return it->second.entry;
+  }
+  if (may_defer) {
+    if (MissDeferral* d = MissDeferral::Active()) {
+      d->cache = this;
+      d->offset = offset;
+      d->epoch = epoch_;
+      return absl::UnavailableError(
+          absl::StrCat(what_, " at ", offset, " is not cached (deferred)"));
+    }
   }
   RETURN_IF_ERROR(MakeRoom());
   Handle e = Insert(offset);
@@ -43,7 +75,25 @@ absl::StatusOr<MetadataCache::Handle> MetadataCache::Get(uint64_t offset) {
   return e;
 }
 
+absl::StatusOr<MetadataCache::Handle> MetadataCache::InsertLoaded(
+    uint64_t offset, uint64_t epoch, absl::Span<const uint8_t> data) {
+  if (read_counter_ != nullptr) CountMetadata(read_counter_, entry_size_);
+  auto it = map_.find(offset);
+  if (it != map_.end()) {
+    lru_.splice(lru_.begin(), lru_, it->second.lru);
+    return it->second.entry;
+  }
+  if (epoch != epoch_ || data.size() != entry_size_) return Handle();
+  RETURN_IF_ERROR(MakeRoom());
+  // MakeRoom may have written an entry back: another offset, so the bytes
+  // read are still those on disk.
+  Handle e = Insert(offset);
+  std::copy(data.begin(), data.end(), e->data.begin());
+  return e;
+}
+
 absl::StatusOr<MetadataCache::Handle> MetadataCache::GetNew(uint64_t offset) {
+  ++epoch_;
   auto it = map_.find(offset);
   if (it != map_.end()) {
     lru_.splice(lru_.begin(), lru_, it->second.lru);
@@ -90,6 +140,7 @@ absl::Status MetadataCache::FlushDependencies() {
 
 absl::Status MetadataCache::WriteEntry(Entry& e) {
   RETURN_IF_ERROR(FlushDependencies());
+  ++epoch_;
   if (write_hook_) write_hook_(e.offset, entry_size_);
   if (write_counter_ != nullptr) CountMetadata(write_counter_, entry_size_);
   absl::Status s = file_->WriteAt(e.offset, absl::MakeConstSpan(e.data));
@@ -130,6 +181,7 @@ absl::Status MetadataCache::SetDependency(MetadataCache* other) {
 }
 
 void MetadataCache::Invalidate(uint64_t offset, uint64_t len) {
+  ++epoch_;
   for (auto it = lru_.begin(); it != lru_.end();) {
     if (*it >= offset && *it < offset + len) {
       map_.erase(*it);
@@ -141,6 +193,7 @@ void MetadataCache::Invalidate(uint64_t offset, uint64_t len) {
 }
 
 void MetadataCache::Clear() {
+  ++epoch_;
   map_.clear();
   lru_.clear();
   depends_on_ = nullptr;

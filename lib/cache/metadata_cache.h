@@ -11,6 +11,15 @@
 //    at it).
 //
 // Not thread-safe: the owner serialises access.
+//
+// Reading a missing entry without the owner's lock: while a MissDeferral is
+// installed on the calling thread, Get(offset, /*may_defer=*/true) does not
+// read on a miss. It records what is missing and fails with
+// kUnavailable; the caller drops what it was doing, reads the entry with no
+// lock held and hands it back with InsertLoaded, then starts over. An entry
+// read that way is taken only if nothing in the cache changed its bytes on
+// disk meanwhile (every write-back, new entry and invalidation moves an
+// epoch); otherwise the caller is told to read again.
 #ifndef QCOW2_LIB_CACHE_METADATA_CACHE_H_
 #define QCOW2_LIB_CACHE_METADATA_CACHE_H_
 
@@ -23,10 +32,40 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "qcow2/file.h"
 #include "qcow2/stats.h"
 
 namespace qcow2::internal {
+
+class IoPlan;
+class MetadataCache;
+
+// Installed on a thread while the engine plans one request whose executor
+// can fetch a missing entry itself. A miss is deferred only while `plan` is
+// still empty: once the plan holds allocations or I/O, dropping it would
+// waste what it holds, so later misses are read at once.
+class MissDeferral {
+ public:
+  explicit MissDeferral(const IoPlan* plan);
+  ~MissDeferral();
+  MissDeferral(const MissDeferral&) = delete;
+  MissDeferral& operator=(const MissDeferral&) = delete;
+
+  // The deferral in force on this thread, if a miss may be deferred now.
+  static MissDeferral* Active();
+
+  bool deferred() const { return cache != nullptr; }
+
+  // What was missing (set by MetadataCache::Get).
+  MetadataCache* cache = nullptr;
+  uint64_t offset = 0;
+  uint64_t epoch = 0;
+
+ private:
+  const IoPlan* const plan_;
+  MissDeferral* const saved_;
+};
 
 class MetadataCache {
  public:
@@ -47,8 +86,19 @@ class MetadataCache {
 
   uint32_t entry_size() const { return entry_size_; }
 
-  // Returns the entry at `offset` (entry-size aligned), reading it on a miss.
-  absl::StatusOr<Handle> Get(uint64_t offset);
+  // Returns the entry at `offset` (entry-size aligned), reading it on a
+  // miss; with `may_defer`, a miss may instead be deferred (see above).
+  absl::StatusOr<Handle> Get(uint64_t offset, bool may_defer = false);
+
+  // Takes an entry read without the lock after a deferred miss. `epoch` is
+  // the one recorded at the miss. Returns the cached entry (inserted now or
+  // by another reader meanwhile), or null when the bytes may be stale (the
+  // cache changed since) and were dropped.
+  absl::StatusOr<Handle> InsertLoaded(uint64_t offset, uint64_t epoch,
+                                      absl::Span<const uint8_t> data);
+
+  File* file() const { return file_; }
+  const std::string& what() const { return what_; }
 
   // Returns a zero-filled dirty entry for `offset` without reading the file
   // (for newly allocated tables).
@@ -98,6 +148,9 @@ class MetadataCache {
   MetadataCache* depends_on_ = nullptr;
   bool depends_on_flush_ = false;
   WriteHook write_hook_;
+  // Moves whenever an entry's bytes on disk may change, or an entry is
+  // created or dropped without a read (see InsertLoaded).
+  uint64_t epoch_ = 0;
   uint64_t IoStats::*read_counter_ = nullptr;
   uint64_t IoStats::*write_counter_ = nullptr;
 };

@@ -7,8 +7,11 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "lib/chain/backing_map.h"
 #include "lib/chain/layer.h"
 #include "lib/engine/request.h"
@@ -74,6 +77,11 @@ class Chain {
   bool Begin(Request* r);
   void Plan(Request* r);
   void Finish(Request* r);
+  // After planning left r->miss_cache set: the executor has run
+  // r->miss_op (a read, with no lock held; its error, if any, in
+  // r->status). Takes the entry into the cache and plans r again, which
+  // may leave another miss to fetch.
+  void LoadMiss(Request* r);
 
   // Runs a request to the end on this thread with blocking I/O.
   absl::Status RunSync(Request* r);
@@ -117,6 +125,16 @@ class Chain {
   absl::StatusOr<const BackingMap::Piece*> ResolveBacking(uint64_t offset);
 
   void PlanLocked(Request* r);
+  // Runs `plan` for r with metadata misses deferred (MissDeferral) and,
+  // on a miss, drops the partial plan and sets r->miss_*.
+  void PlanDeferringMisses(Request* r, absl::FunctionRef<absl::Status()> plan);
+  // Entries read for a request and dropped as possibly stale before it
+  // stops deferring and reads under the lock.
+  static constexpr int kMaxStaleMisses = 3;
+  // Deferred misses being read (cache, offset), each with the requests
+  // that met the same miss meanwhile and wait for it.
+  absl::flat_hash_map<std::pair<const void*, uint64_t>, std::vector<Request*>>
+      misses_in_flight_;
   absl::Status ClosedError() const;
   bool Conflicts(const Request* a, const Request* b) const;
   void GrantWaiters();

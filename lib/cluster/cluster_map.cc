@@ -151,7 +151,9 @@ absl::StatusOr<L2Ref> ClusterMap::Lookup(uint64_t cluster) {
   uint64_t l2_index = cluster % g_.l2_entries;
   uint64_t slice_offset =
       l2_offset + (l2_index / g_.slice_entries) * g_.slice_bytes;
-  ASSIGN_OR_RETURN(ref.slice, l2_cache_.Get(slice_offset));
+  // A miss may be read later, without the lock (MissDeferral).
+  ASSIGN_OR_RETURN(ref.slice,
+                   l2_cache_.Get(slice_offset, /*may_defer=*/true));
   ref.index = static_cast<uint32_t>(l2_index % g_.slice_entries);
   return ref;
 }

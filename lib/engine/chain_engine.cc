@@ -4,7 +4,9 @@
 #include <condition_variable>
 #include <mutex>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
+#include "lib/cache/metadata_cache.h"
 #include "lib/chain/chain.h"
 #include "lib/image/qcow2_layer.h"
 #include "lib/util/status_macros.h"
@@ -24,6 +26,7 @@ class SyncWaiter : public Waiter {
   void Wait() {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [this] { return woken_; });
+    woken_ = false;  // a request may wait more than once
   }
 
  private:
@@ -100,22 +103,33 @@ void Chain::Plan(Request* r) {
 }
 
 void Chain::PlanLocked(Request* r) {
+  r->miss_parked = false;
   IoStats& st = r->stats;
   Qcow2Layer* top = top_qcow2();
   switch (r->kind) {
     case Request::kRead:
-      st.guest_read_ops++;
-      st.guest_read_bytes += r->len;
-      r->status = PlanRead(0, r->offset, r->rbuf, r->len, &r->plan,
-                           IoCategory::kGuestData);
+      if (!r->counted) {
+        st.guest_read_ops++;
+        st.guest_read_bytes += r->len;
+      }
+      r->counted = true;
+      PlanDeferringMisses(r, [&] {
+        return PlanRead(0, r->offset, r->rbuf, r->len, &r->plan,
+                        IoCategory::kGuestData);
+      });
       break;
     case Request::kWrite:
-      st.guest_write_ops++;
-      st.guest_write_bytes += r->len;
+      if (!r->counted) {
+        st.guest_write_ops++;
+        st.guest_write_bytes += r->len;
+      }
+      r->counted = true;
       if (r->len == 0) break;
       if (top != nullptr) {
-        r->status = top->PlanWrite(
-            r->offset, absl::MakeConstSpan(r->wbuf, r->len), &r->plan);
+        PlanDeferringMisses(r, [&] {
+          return top->PlanWrite(
+              r->offset, absl::MakeConstSpan(r->wbuf, r->len), &r->plan);
+        });
       } else {
         IoOp op;
         op.file = layers_[0]->file();
@@ -165,6 +179,83 @@ void Chain::PlanLocked(Request* r) {
   }
 }
 
+void Chain::PlanDeferringMisses(Request* r,
+                                absl::FunctionRef<absl::Status()> plan) {
+  if (r->stale_misses >= kMaxStaleMisses) {
+    // The cache keeps changing under this request's reads: read at once.
+    r->status = plan();
+    r->pinned.clear();
+    return;
+  }
+  MissDeferral deferral(&r->plan);
+  absl::Status s = plan();
+  if (!deferral.deferred()) {
+    r->status = std::move(s);
+    r->pinned.clear();  // the plan holds what it needs
+    return;
+  }
+  // Planning stopped at a metadata miss while the plan was still empty:
+  // drop it, and have the executor read the entry with no lock held.
+  for (auto& abort : r->plan.aborts) abort();
+  r->plan.Clear();
+  r->status = absl::OkStatus();
+  MetadataCache* cache = deferral.cache;
+  auto [it, first] = misses_in_flight_.try_emplace(
+      std::pair<const void*, uint64_t>(cache, deferral.offset));
+  if (!first) {
+    // Another request is reading this entry: wait for it.
+    it->second.push_back(r);
+    r->miss_parked = true;
+    return;
+  }
+  r->miss_cache = cache;
+  r->miss_epoch = deferral.epoch;
+  r->miss_op = IoOp();
+  r->miss_op.file = cache->file();
+  r->miss_op.offset = deferral.offset;
+  r->miss_op.category = IoCategory::kMetadata;
+  r->miss_op.Add(r->plan.Buffer(cache->entry_size()), cache->entry_size());
+}
+
+void Chain::LoadMiss(Request* r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  StatsScope scope(&r->stats);
+  MetadataCache* cache = r->miss_cache;
+  r->miss_cache = nullptr;
+  // Whatever came of the read, those waiting for it plan again (and one of
+  // them reads it if it is still missing).
+  if (auto node = misses_in_flight_.extract(
+          std::pair<const void*, uint64_t>(cache, r->miss_op.offset))) {
+    for (Request* w : node.mapped()) w->waiter->Wake(w);
+  }
+  if (!r->status.ok()) {
+    r->status = absl::Status(
+        r->status.code(), absl::StrCat("reading ", cache->what(), " at ",
+                                       r->miss_op.offset, ": ",
+                                       r->status.message()));
+    return;
+  }
+  const iovec& v = r->miss_op.iov[0];
+  absl::StatusOr<MetadataCache::Handle> entry = cache->InsertLoaded(
+      r->miss_op.offset, r->miss_epoch,
+      absl::MakeConstSpan(static_cast<const uint8_t*>(v.iov_base), v.iov_len));
+  if (!entry.ok()) {
+    r->status = entry.status();
+    return;
+  }
+  if (*entry == nullptr) {
+    ++r->stale_misses;
+  } else {
+    r->pinned.push_back(std::move(*entry));
+  }
+  r->plan.Clear();
+  if (closed_) {
+    r->status = ClosedError();
+    return;
+  }
+  PlanLocked(r);
+}
+
 void Chain::GrantWaiters() {
   for (auto it = lock_list_.begin(); it != lock_list_.end(); ++it) {
     Request* w = *it;
@@ -201,6 +292,7 @@ void Chain::Finish(Request* r) {
   if (r->kind == Request::kFlush && r->status.ok() && r->flush_file != nullptr) {
     if (Qcow2Layer* top = top_qcow2()) top->FinishFlush(r->flush_generation);
   }
+  r->pinned.clear();
   if (r->in_lock_list) {
     lock_list_.remove(r);
     r->in_lock_list = false;
@@ -215,6 +307,17 @@ absl::Status Chain::RunSync(Request* r) {
   if (!Begin(r)) {
     waiter.Wait();
     Plan(r);
+  }
+  while (r->miss_cache != nullptr || r->miss_parked) {
+    if (r->miss_parked) {
+      // Another request reads the entry this one missed.
+      waiter.Wait();
+      Plan(r);
+      continue;
+    }
+    // A deferred metadata miss: read it with no lock held, plan again.
+    r->status = RunOp(r->miss_op, false);
+    LoadMiss(r);
   }
   if (r->status.ok()) {
     if (r->kind == Request::kFlush) {

@@ -87,6 +87,7 @@ void IoPlan::Clear() {
 
 void CountIo(const IoOp& op, bool write, IoStats* stats) {
   if (stats == nullptr) return;
+  if (op.category == IoCategory::kMetadata) return;
   if (op.zero_range) {
     stats->host_zero_ops++;
     stats->host_zero_bytes += op.bytes;

@@ -22,6 +22,7 @@ namespace qcow2::internal {
 enum class IoCategory : uint8_t {
   kGuestData,  // guest reads, or guest bytes written
   kCow,        // copy-on-write reads, or padding written around guest bytes
+  kMetadata,   // the read of a deferred cache miss (the cache counts it)
 };
 
 struct IoOp {

@@ -32,6 +32,8 @@ namespace {
 
 constexpr size_t kStatFields = sizeof(IoStats) / sizeof(uint64_t);
 constexpr uint8_t kOpRead = 0, kOpWrite = 1, kOpFlush = 2;
+// Request::phase while a deferred metadata miss is being read.
+constexpr int kPhaseMiss = -1;
 
 void WarnNoUring(int err) {
   static std::once_flag once;
@@ -191,12 +193,36 @@ class QueueImpl final : public Waiter, public Chain::StatsSource {
 
   void Start(Request* r) {
     r->phase = 0;
+    if (r->miss_parked) {
+      ++parked_;  // woken when the entry it missed is in
+      return;
+    }
+    if (r->miss_cache != nullptr) IssueMiss(r);
     Advance(r);
+  }
+
+  // Planning stopped at a metadata cache miss: read the entry on the ring.
+  void IssueMiss(Request* r) {
+    r->phase = kPhaseMiss;
+    Issue(r, &r->miss_op, kOpRead);
   }
 
   // Runs the request's phases while nothing of it is in flight.
   void Advance(Request* r) {
     while (r->pending == 0) {
+      if (r->phase == kPhaseMiss) {
+        chain_->LoadMiss(r);  // plans again
+        if (r->miss_parked) {
+          ++parked_;
+          return;
+        }
+        if (r->miss_cache != nullptr) {
+          IssueMiss(r);
+        } else {
+          r->phase = 0;
+        }
+        continue;
+      }
       switch (r->phase++) {
         case 0:
           if (!r->status.ok()) break;

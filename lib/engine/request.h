@@ -4,6 +4,8 @@
 #define QCOW2_LIB_ENGINE_REQUEST_H_
 
 #include <cstdint>
+#include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "lib/engine/plan.h"
@@ -12,6 +14,7 @@
 
 namespace qcow2::internal {
 
+class MetadataCache;
 struct Request;
 
 // Told when a request that had to wait for overlapping requests may go on.
@@ -44,6 +47,21 @@ struct Request {
   Waiter* waiter = nullptr;
 
   IoPlan plan;
+  // A metadata cache miss that planning deferred (MissDeferral): the
+  // executor reads `miss_op` with no lock held and calls Chain::LoadMiss,
+  // which plans again. `miss_cache` is null when nothing is missing.
+  MetadataCache* miss_cache = nullptr;
+  uint64_t miss_epoch = 0;
+  IoOp miss_op;
+  // Entries fetched for this request, pinned until it is planned, so that
+  // each round of planning gets further than the last however small the
+  // cache is.
+  std::vector<std::shared_ptr<void>> pinned;
+  int stale_misses = 0;   // entries read but dropped as possibly stale
+  // Planning met a miss another request is already reading: r waits for
+  // it (r->waiter->Wake, then Chain::Plan) instead of reading it again.
+  bool miss_parked = false;
+  bool counted = false;   // guest counters added (once per request)
   File* flush_file = nullptr;  // kFlush: the file to flush
   IoOp flush_op;
   uint64_t flush_generation = 0;

@@ -1,0 +1,333 @@
+// L2 cache misses are read with no lock held (MissDeferral): the cache
+// defers a miss only while the request's plan is empty, drops an entry
+// that may have gone stale while it was read, and a request blocked in such
+// a read does not hold up other requests on the same image.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "lib/cache/metadata_cache.h"
+#include "lib/engine/plan.h"
+#include "lib/io/memory_file.h"
+#include "qcow2/image.h"
+#include "tests/util/model.h"
+#include "tests/util/test_util.h"
+
+namespace qcow2 {
+namespace {
+
+using internal::IoPlan;
+using internal::MemoryFile;
+using internal::MemoryStore;
+using internal::MetadataCache;
+using internal::MissDeferral;
+using testing::TempDir;
+
+// The bytes at [off, off+len) of a disk written in `unit`-sized pieces,
+// each filled with FillPseudoRandom seeded by its offset.
+std::vector<uint8_t> Pattern(uint64_t unit, uint64_t off, size_t len) {
+  std::vector<uint8_t> piece(unit);
+  testing::FillPseudoRandom(off / unit * unit, absl::MakeSpan(piece));
+  const auto at = piece.begin() + static_cast<ptrdiff_t>(off % unit);
+  return std::vector<uint8_t>(at, at + static_cast<ptrdiff_t>(len));
+}
+
+std::unique_ptr<MemoryFile> NewMemoryFile(uint64_t size) {
+  auto store = std::make_shared<MemoryStore>();
+  auto f = std::make_unique<MemoryFile>("mem", store, false);
+  std::vector<uint8_t> bytes(size);
+  for (size_t i = 0; i < bytes.size(); ++i)
+    bytes[i] = static_cast<uint8_t>(i / 512 + 1);
+  EXPECT_TRUE(f->WriteAt(0, bytes).ok());
+  return f;
+}
+
+TEST(MissDeferralCache, DefersOnlyWhileThePlanIsEmpty) {
+  auto file = NewMemoryFile(8192);
+  MetadataCache cache(file.get(), 512, 4, "L2 table");
+  IoPlan plan;
+  {
+    MissDeferral d(&plan);
+    absl::StatusOr<MetadataCache::Handle> h = cache.Get(1024, true);
+    EXPECT_EQ(h.status().code(), absl::StatusCode::kUnavailable);
+    ASSERT_TRUE(d.deferred());
+    EXPECT_EQ(d.cache, &cache);
+    EXPECT_EQ(d.offset, 1024u);
+    // Read "without the lock", then hand it back.
+    std::vector<uint8_t> buf(512);
+    ASSERT_OK(file->ReadAt(1024, absl::MakeSpan(buf)));
+    ASSERT_OK_AND_ASSIGN(MetadataCache::Handle e,
+                         cache.InsertLoaded(1024, d.epoch, buf));
+    ASSERT_NE(e, nullptr);
+    EXPECT_EQ(e->data[0], 3);
+  }
+  {
+    // Now cached: no deferral.
+    MissDeferral d(&plan);
+    ASSERT_OK_AND_ASSIGN(MetadataCache::Handle h, cache.Get(1024, true));
+    EXPECT_FALSE(d.deferred());
+    EXPECT_EQ(h->data[511], 3);
+  }
+  {
+    // Without may_defer, or with a plan that already holds work, a miss is
+    // read at once.
+    MissDeferral d(&plan);
+    ASSERT_OK_AND_ASSIGN(MetadataCache::Handle h, cache.Get(2048));
+    EXPECT_EQ(h->data[0], 5);
+    plan.aborts.push_back([] {});
+    ASSERT_OK_AND_ASSIGN(h, cache.Get(3072, true));
+    EXPECT_EQ(h->data[0], 7);
+    EXPECT_FALSE(d.deferred());
+  }
+  // No deferral installed: read at once.
+  ASSERT_OK_AND_ASSIGN(MetadataCache::Handle h, cache.Get(4096, true));
+  EXPECT_EQ(h->data[0], 9);
+}
+
+TEST(MissDeferralCache, EntryThatMayBeStaleIsDropped) {
+  auto file = NewMemoryFile(8192);
+  MetadataCache cache(file.get(), 512, 4, "L2 table");
+  IoPlan plan;
+  uint64_t epoch;
+  {
+    MissDeferral d(&plan);
+    ASSERT_FALSE(cache.Get(0, true).ok());
+    epoch = d.epoch;
+  }
+  std::vector<uint8_t> old(512);
+  ASSERT_OK(file->ReadAt(0, absl::MakeSpan(old)));
+  // Meanwhile another request loads the entry, changes it and writes it
+  // back, and the entry leaves the cache.
+  {
+    ASSERT_OK_AND_ASSIGN(MetadataCache::Handle h, cache.Get(0));
+    h->data[0] = 0xee;
+    cache.MarkDirty(h);
+  }
+  ASSERT_OK(cache.Flush());
+  cache.Invalidate(0, 512);
+  ASSERT_OK_AND_ASSIGN(MetadataCache::Handle e,
+                       cache.InsertLoaded(0, epoch, old));
+  EXPECT_EQ(e, nullptr) << "bytes read before the write-back were taken";
+  ASSERT_OK_AND_ASSIGN(MetadataCache::Handle now, cache.Get(0));
+  EXPECT_EQ(now->data[0], 0xee);
+
+  // An entry another reader cached meanwhile is returned as it is.
+  {
+    MissDeferral d(&plan);
+    ASSERT_FALSE(cache.Get(512, true).ok());
+    epoch = d.epoch;
+  }
+  ASSERT_OK_AND_ASSIGN(MetadataCache::Handle other, cache.Get(512));
+  other->data[1] = 0x42;
+  std::vector<uint8_t> bytes(512, 0);
+  ASSERT_OK_AND_ASSIGN(e, cache.InsertLoaded(512, epoch, bytes));
+  EXPECT_EQ(e, other);
+  EXPECT_EQ(e->data[1], 0x42);
+}
+
+// A file whose reads of exactly `gated_size` bytes wait until released.
+class GateFile : public File {
+ public:
+  GateFile(std::unique_ptr<File> inner, size_t gated_size)
+      : inner_(std::move(inner)), gated_size_(gated_size) {}
+
+  absl::Status ReadAt(uint64_t offset, absl::Span<uint8_t> buf) override {
+    if (buf.size() == gated_size_ && armed_.load()) {
+      std::unique_lock<std::mutex> lock(mu_);
+      ++blocked_;
+      cv_.notify_all();
+      cv_.wait(lock, [this] { return !armed_.load(); });
+    }
+    return inner_->ReadAt(offset, buf);
+  }
+  absl::Status WriteAt(uint64_t offset, absl::Span<const uint8_t> d) override {
+    return inner_->WriteAt(offset, d);
+  }
+  absl::Status Flush() override { return inner_->Flush(); }
+  absl::StatusOr<uint64_t> Size() override { return inner_->Size(); }
+  absl::Status Truncate(uint64_t size) override {
+    return inner_->Truncate(size);
+  }
+  const std::string& name() const override { return inner_->name(); }
+
+  void Arm() { armed_ = true; }
+  void Release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    armed_ = false;
+    cv_.notify_all();
+  }
+  // Waits until a gated read is blocked; false after 30 s.
+  bool WaitBlocked() {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(30),
+                        [this] { return blocked_ > 0; });
+  }
+
+ private:
+  std::unique_ptr<File> inner_;
+  const size_t gated_size_;
+  std::atomic<bool> armed_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int blocked_ = 0;
+};
+
+class GateOpener : public FileOpener {
+ public:
+  explicit GateOpener(size_t gated_size) : gated_size_(gated_size) {}
+  absl::StatusOr<std::unique_ptr<File>> Open(const std::string& path,
+                                             const FileOptions& opts) override {
+    auto f = OpenPosixFile(path, opts);
+    if (!f.ok()) return f.status();
+    auto g = std::make_unique<GateFile>(std::move(*f), gated_size_);
+    last_ = g.get();
+    return std::unique_ptr<File>(std::move(g));
+  }
+  GateFile* last() const { return last_; }
+
+ private:
+  const size_t gated_size_;
+  GateFile* last_ = nullptr;
+};
+
+// Creates a qcow2 image of `disk` bytes with 64 KiB clusters, written all
+// over in 1 MiB pieces (Pattern(1 MiB, ...)), and returns it open
+// read-write.
+std::unique_ptr<Image> CreateFilled(const std::string& path, uint64_t disk) {
+  CreateOptions co;
+  co.size = disk;
+  co.cluster_size = 65536;
+  EXPECT_OK(CreateImage(path, co));
+  OpenOptions oo;
+  oo.read_write = true;
+  absl::StatusOr<std::unique_ptr<Image>> image = Image::Open(path, oo);
+  EXPECT_OK(image.status());
+  if (!image.ok()) return nullptr;
+  std::vector<uint8_t> chunk(1 << 20);
+  for (uint64_t off = 0; off < disk; off += chunk.size()) {
+    testing::FillPseudoRandom(off, absl::MakeSpan(chunk));
+    EXPECT_OK((*image)->Write(off, chunk));
+  }
+  return std::move(*image);
+}
+
+// While one request waits for an L2 slice to come off the disk, requests
+// whose metadata is cached go on: before misses were deferred, the read
+// ran under the image's metadata lock and everything waited for it.
+TEST(MissDeferral, RequestsGoOnWhileAnL2SliceIsRead) {
+  TempDir dir;
+  const std::string path = dir.File("img.qcow2");
+  const uint64_t disk = 64 << 20;
+  {
+    std::unique_ptr<Image> image = CreateFilled(path, disk);
+    ASSERT_NE(image, nullptr);
+    ASSERT_OK(image->Close());
+  }
+  // 512-byte slices map 4 MiB each; guest I/O here is never 512 bytes.
+  GateOpener opener(512);
+  OpenOptions oo;
+  oo.read_write = true;
+  oo.l2_slice_bytes = 512;
+  oo.opener = &opener;
+  ASSERT_OK_AND_ASSIGN(auto image, Image::Open(path, oo));
+  GateFile* gate = opener.last();
+  ASSERT_NE(gate, nullptr);
+  std::vector<uint8_t> buf(1000), want(1000);
+  ASSERT_OK(image->Read(0, absl::MakeSpan(buf)));  // slice 0 cached
+
+  gate->Arm();
+  const uint64_t far = 40 << 20;  // slice 10, not cached
+  std::vector<uint8_t> far_buf(1000);
+  std::thread blocked(
+      [&] { ASSERT_OK(image->Read(far, absl::MakeSpan(far_buf))); });
+  ASSERT_TRUE(gate->WaitBlocked());
+  // Reads and writes whose slice is cached complete while the miss waits.
+  auto others = std::async(std::launch::async, [&] {
+    std::vector<uint8_t> b(1000);
+    absl::Status s = image->Read(5000, absl::MakeSpan(b));
+    testing::FillPseudoRandom(3000, absl::MakeSpan(b));
+    if (s.ok()) s = image->Write(3000, b);
+    return s;
+  });
+  const bool went_on =
+      others.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+  gate->Release();
+  blocked.join();
+  EXPECT_TRUE(went_on) << "a request waited for another's L2 read";
+  ASSERT_OK(others.get());
+  EXPECT_EQ(far_buf, Pattern(1 << 20, far, far_buf.size()));
+  ASSERT_OK(image->Read(3000, absl::MakeSpan(buf)));
+  testing::FillPseudoRandom(3000, absl::MakeSpan(want));
+  EXPECT_EQ(buf, want);
+  const IoStats st = image->GetStats();
+  EXPECT_EQ(st.guest_read_ops, 4u);  // counted once each, however planned
+  EXPECT_EQ(st.l2_read_bytes, 2u * 512);
+  ASSERT_OK(image->Close());
+  if (testing::HaveQemu()) {
+    testing::CommandResult check = testing::QemuCheck(path);
+    EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
+  }
+}
+
+// Through queues, with io_uring: reads through a chain with cold caches
+// read each L2 slice once, count each request once, and return the data.
+TEST(MissDeferral, QueueReadsThroughAColdChain) {
+  TempDir dir;
+  const std::string base = dir.File("base.qcow2");
+  const uint64_t disk = 32 << 20;
+  std::string top = base;
+  {
+    std::unique_ptr<Image> image = CreateFilled(base, disk);
+    ASSERT_NE(image, nullptr);
+    // Four overlays, each owning one 64 KiB cluster in every MiB.
+    for (int d = 1; d <= 4; ++d) {
+      top = dir.File("ov" + std::to_string(d) + ".qcow2");
+      CreateOptions ov;
+      ov.cluster_size = 65536;
+      ASSERT_OK(image->CreateOverlay(top, ov));
+      std::vector<uint8_t> c(65536);
+      for (uint64_t off = uint64_t(d) * 65536; off < disk; off += 1 << 20) {
+        testing::FillPseudoRandom(off, absl::MakeSpan(c));
+        ASSERT_OK(image->Write(off, c));
+      }
+    }
+    ASSERT_OK(image->Close());
+  }
+  OpenOptions oo;
+  oo.l2_slice_bytes = 512;
+  ASSERT_OK_AND_ASSIGN(auto image, Image::Open(top, oo));
+  ASSERT_OK_AND_ASSIGN(auto q, image->CreateQueue());
+  const int n = 256;
+  std::vector<std::vector<uint8_t>> bufs(n, std::vector<uint8_t>(4096));
+  std::atomic<int> failed{0};
+  for (int i = 0; i < n; ++i) {
+    while (q->in_flight() >= 32) q->Poll(1);
+    const uint64_t off = (uint64_t(i) * 7919 * 4096) % disk;
+    ASSERT_OK(
+        q->SubmitRead(off, absl::MakeSpan(bufs[i]), [&failed](absl::Status s) {
+          if (!s.ok()) ++failed;
+        }));
+  }
+  q->Drain();
+  EXPECT_EQ(failed.load(), 0);
+  for (int i = 0; i < n; ++i) {
+    const uint64_t off = (uint64_t(i) * 7919 * 4096) % disk;
+    const uint64_t in_mib = (off % (1 << 20)) / 65536;
+    const uint64_t unit = in_mib >= 1 && in_mib <= 4 ? 65536 : 1 << 20;
+    ASSERT_EQ(bufs[i], Pattern(unit, off, 4096)) << off;
+  }
+  const IoStats st = q->stats();
+  EXPECT_EQ(st.guest_read_ops, uint64_t{n});
+  // Each of the five files maps 32 MiB with 512 64 KiB clusters: one 4 KiB
+  // table, eight 512-byte slices, all read and counted. (Requests that
+  // miss the same slice at the same time each read it.)
+  EXPECT_GE(st.l2_read_bytes, 5u * 8 * 512);
+  EXPECT_EQ(st.l2_read_bytes % 512, 0u);
+}
+
+}  // namespace
+}  // namespace qcow2
