@@ -57,6 +57,13 @@ absl::StatusOr<MetadataCache::Handle> MetadataCache::Get(uint64_t offset,
     if (MissDeferral* d = MissDeferral::Active()) {
       d->cache = this;
       d->offset = offset;
+      d->read_start = offset;
+      d->read_len = entry_size_;
+      if (readahead_ > entry_size_ &&
+          capacity_ >= 4 * size_t{readahead_ / entry_size_}) {
+        d->read_start = offset / readahead_ * readahead_;
+        d->read_len = readahead_;
+      }
       d->epoch = epoch_;
       return absl::UnavailableError(
           absl::StrCat(what_, " at ", offset, " is not cached (deferred)"));
@@ -76,20 +83,38 @@ absl::StatusOr<MetadataCache::Handle> MetadataCache::Get(uint64_t offset,
 }
 
 absl::StatusOr<MetadataCache::Handle> MetadataCache::InsertLoaded(
-    uint64_t offset, uint64_t epoch, absl::Span<const uint8_t> data) {
-  if (read_counter_ != nullptr) CountMetadata(read_counter_, entry_size_);
-  auto it = map_.find(offset);
-  if (it != map_.end()) {
-    lru_.splice(lru_.begin(), lru_, it->second.lru);
-    return it->second.entry;
+    uint64_t start, uint64_t want, uint64_t epoch,
+    absl::Span<const uint8_t> data) {
+  if (read_counter_ != nullptr) CountMetadata(read_counter_, data.size());
+  if (epoch != epoch_ || data.size() % entry_size_ != 0 || want < start ||
+      want - start >= data.size()) {
+    auto it = map_.find(want);
+    return it != map_.end() ? it->second.entry : Handle();
   }
-  if (epoch != epoch_ || data.size() != entry_size_) return Handle();
-  RETURN_IF_ERROR(MakeRoom());
-  // MakeRoom may have written an entry back: another offset, so the bytes
-  // read are still those on disk.
-  Handle e = Insert(offset);
-  std::copy(data.begin(), data.end(), e->data.begin());
-  return e;
+  Handle wanted;
+  // The wanted entry last, so that it is the most recently used.
+  const uint64_t n = data.size() / entry_size_;
+  const uint64_t w = (want - start) / entry_size_;
+  for (uint64_t k = 1; k <= n; ++k) {
+    const uint64_t i = (w + k) % n;
+    const uint64_t offset = start + i * entry_size_;
+    auto it = map_.find(offset);
+    if (it != map_.end()) {
+      if (i == w) {
+        lru_.splice(lru_.begin(), lru_, it->second.lru);
+        wanted = it->second.entry;
+      }
+      continue;
+    }
+    RETURN_IF_ERROR(MakeRoom());
+    // MakeRoom may have written an entry back: another offset, so the
+    // bytes read are still those on disk.
+    Handle e = Insert(offset);
+    const auto from = data.begin() + static_cast<ptrdiff_t>(i * entry_size_);
+    std::copy(from, from + entry_size_, e->data.begin());
+    if (i == w) wanted = std::move(e);
+  }
+  return wanted;
 }
 
 absl::StatusOr<MetadataCache::Handle> MetadataCache::GetNew(uint64_t offset) {

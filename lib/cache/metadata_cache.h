@@ -57,9 +57,13 @@ class MissDeferral {
 
   bool deferred() const { return cache != nullptr; }
 
-  // What was missing (set by MetadataCache::Get).
+  // What was missing (set by MetadataCache::Get), and what to read for it:
+  // [read_start, read_start + read_len) covers `offset` (more than one
+  // entry with read-ahead).
   MetadataCache* cache = nullptr;
   uint64_t offset = 0;
+  uint64_t read_start = 0;
+  uint32_t read_len = 0;
   uint64_t epoch = 0;
 
  private:
@@ -90,12 +94,19 @@ class MetadataCache {
   // miss; with `may_defer`, a miss may instead be deferred (see above).
   absl::StatusOr<Handle> Get(uint64_t offset, bool may_defer = false);
 
-  // Takes an entry read without the lock after a deferred miss. `epoch` is
-  // the one recorded at the miss. Returns the cached entry (inserted now or
-  // by another reader meanwhile), or null when the bytes may be stale (the
-  // cache changed since) and were dropped.
-  absl::StatusOr<Handle> InsertLoaded(uint64_t offset, uint64_t epoch,
+  // Takes the entries read without the lock after a deferred miss: `data`
+  // holds whole entries from `start`. `epoch` is the one recorded at the
+  // miss. Entries already cached are left as they are. Returns the entry at
+  // `want` (inserted now or by another reader meanwhile), or null when the
+  // bytes may be stale (the cache changed since) and were dropped.
+  absl::StatusOr<Handle> InsertLoaded(uint64_t start, uint64_t want,
+                                      uint64_t epoch,
                                       absl::Span<const uint8_t> data);
+
+  // A deferred miss reads the whole aligned `unit` around the entry (an L2
+  // table: every slice of it), when the cache holds at least four such
+  // units. 0 or the entry size: the entry alone.
+  void set_readahead(uint32_t unit) { readahead_ = unit; }
 
   File* file() const { return file_; }
   const std::string& what() const { return what_; }
@@ -151,6 +162,7 @@ class MetadataCache {
   // Moves whenever an entry's bytes on disk may change, or an entry is
   // created or dropped without a read (see InsertLoaded).
   uint64_t epoch_ = 0;
+  uint32_t readahead_ = 0;
   uint64_t IoStats::*read_counter_ = nullptr;
   uint64_t IoStats::*write_counter_ = nullptr;
 };

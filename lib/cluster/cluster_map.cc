@@ -50,7 +50,10 @@ ClusterMap::ClusterMap(File* file, const std::string& filename,
       l1_(std::move(l1)),
       l1_offset_(l1_offset),
       l2_cache_(file, g.slice_bytes, l2_cache_bytes / g.slice_bytes,
-                "L2 table") {}
+                "L2 table") {
+  // A miss read without the lock brings in the whole table.
+  l2_cache_.set_readahead(g.cluster_size);
+}
 
 absl::Status ClusterMap::Corrupt(const std::string& what) const {
   return absl::DataLossError(

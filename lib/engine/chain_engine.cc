@@ -201,7 +201,7 @@ void Chain::PlanDeferringMisses(Request* r,
   r->status = absl::OkStatus();
   MetadataCache* cache = deferral.cache;
   auto [it, first] = misses_in_flight_.try_emplace(
-      std::pair<const void*, uint64_t>(cache, deferral.offset));
+      std::pair<const void*, uint64_t>(cache, deferral.read_start));
   if (!first) {
     // Another request is reading this entry: wait for it.
     it->second.push_back(r);
@@ -212,9 +212,10 @@ void Chain::PlanDeferringMisses(Request* r,
   r->miss_epoch = deferral.epoch;
   r->miss_op = IoOp();
   r->miss_op.file = cache->file();
-  r->miss_op.offset = deferral.offset;
+  r->miss_offset = deferral.offset;
+  r->miss_op.offset = deferral.read_start;
   r->miss_op.category = IoCategory::kMetadata;
-  r->miss_op.Add(r->plan.Buffer(cache->entry_size()), cache->entry_size());
+  r->miss_op.Add(r->plan.Buffer(deferral.read_len), deferral.read_len);
 }
 
 void Chain::LoadMiss(Request* r) {
@@ -231,13 +232,13 @@ void Chain::LoadMiss(Request* r) {
   if (!r->status.ok()) {
     r->status = absl::Status(
         r->status.code(), absl::StrCat("reading ", cache->what(), " at ",
-                                       r->miss_op.offset, ": ",
+                                       r->miss_offset, ": ",
                                        r->status.message()));
     return;
   }
   const iovec& v = r->miss_op.iov[0];
   absl::StatusOr<MetadataCache::Handle> entry = cache->InsertLoaded(
-      r->miss_op.offset, r->miss_epoch,
+      r->miss_op.offset, r->miss_offset, r->miss_epoch,
       absl::MakeConstSpan(static_cast<const uint8_t*>(v.iov_base), v.iov_len));
   if (!entry.ok()) {
     r->status = entry.status();

@@ -51,6 +51,7 @@ struct Request {
   // executor reads `miss_op` with no lock held and calls Chain::LoadMiss,
   // which plans again. `miss_cache` is null when nothing is missing.
   MetadataCache* miss_cache = nullptr;
+  uint64_t miss_offset = 0;  // the entry wanted (miss_op may read more)
   uint64_t miss_epoch = 0;
   IoOp miss_op;
   // Entries fetched for this request, pinned until it is planned, so that
