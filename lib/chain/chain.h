@@ -131,9 +131,13 @@ class Chain {
   // Entries read for a request and dropped as possibly stale before it
   // stops deferring and reads under the lock.
   static constexpr int kMaxStaleMisses = 3;
-  // Deferred misses being read (cache, offset), each with the requests
-  // that met the same miss meanwhile and wait for it.
-  absl::flat_hash_map<std::pair<const void*, uint64_t>, std::vector<Request*>>
+  // Deferred misses being read, by (cache, offset read): who reads it, and
+  // the requests of the same executor that met it meanwhile and wait.
+  struct MissInFlight {
+    const Waiter* reader = nullptr;
+    std::vector<Request*> parked;
+  };
+  absl::flat_hash_map<std::pair<const void*, uint64_t>, MissInFlight>
       misses_in_flight_;
   absl::Status ClosedError() const;
   bool Conflicts(const Request* a, const Request* b) const;

@@ -202,9 +202,13 @@ void Chain::PlanDeferringMisses(Request* r,
   MetadataCache* cache = deferral.cache;
   auto [it, first] = misses_in_flight_.try_emplace(
       std::pair<const void*, uint64_t>(cache, deferral.read_start));
-  if (!first) {
-    // Another request is reading this entry: wait for it.
-    it->second.push_back(r);
+  if (first) {
+    it->second.reader = r->waiter;
+  } else if (it->second.reader == r->waiter) {
+    // A request of the same queue is reading this: wait for it. (Never
+    // for another queue's read: that would make this queue's progress
+    // depend on another thread polling, for requests that do not overlap.)
+    it->second.parked.push_back(r);
     r->miss_parked = true;
     return;
   }
@@ -227,7 +231,7 @@ void Chain::LoadMiss(Request* r) {
   // them reads it if it is still missing).
   if (auto node = misses_in_flight_.extract(
           std::pair<const void*, uint64_t>(cache, r->miss_op.offset))) {
-    for (Request* w : node.mapped()) w->waiter->Wake(w);
+    for (Request* w : node.mapped().parked) w->waiter->Wake(w);
   }
   if (!r->status.ok()) {
     r->status = absl::Status(

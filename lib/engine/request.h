@@ -59,8 +59,9 @@ struct Request {
   // cache is.
   std::vector<std::shared_ptr<void>> pinned;
   int stale_misses = 0;   // entries read but dropped as possibly stale
-  // Planning met a miss another request is already reading: r waits for
-  // it (r->waiter->Wake, then Chain::Plan) instead of reading it again.
+  // Planning met a miss another request of the same executor is already
+  // reading: r waits for it (r->waiter->Wake, then Chain::Plan) instead of
+  // reading it again.
   bool miss_parked = false;
   bool counted = false;   // guest counters added (once per request)
   File* flush_file = nullptr;  // kFlush: the file to flush
