@@ -56,6 +56,22 @@ inline SubclusterType ClassifySubcluster(uint64_t entry, uint64_t bitmap,
   return z ? SubclusterType::kZeroPlain : SubclusterType::kUnallocated;
 }
 
+// One past the last subcluster of the run that starts at `sc` and reads the
+// same way: the same allocation and zero bits in `bitmap` (for a valid
+// extended entry, the type depends on nothing else that varies inside the
+// cluster). Without extended L2, `subclusters` is 1 and so is the answer.
+inline int SubclusterRunEnd(uint64_t bitmap, int sc, int subclusters) {
+  if (sc + 1 >= subclusters) return subclusters;
+  const uint32_t alloc = static_cast<uint32_t>(bitmap);
+  const uint32_t zero = static_cast<uint32_t>(bitmap >> 32);
+  const uint32_t a = ((alloc >> sc) & 1) ? ~0u : 0u;
+  const uint32_t z = ((zero >> sc) & 1) ? ~0u : 0u;
+  const uint32_t differs = ((alloc ^ a) | (zero ^ z)) & (~0u << (sc + 1));
+  if (differs == 0) return subclusters;
+  const int end = __builtin_ctz(differs);
+  return end < subclusters ? end : subclusters;
+}
+
 // A compressed cluster descriptor decoded for a given cluster size.
 struct CompressedExtent {
   uint64_t host_offset;  // first byte of compressed data (not aligned)

@@ -294,13 +294,9 @@ absl::StatusOr<Extent> Qcow2Layer::MapInCluster(const L2Ref& ref,
     return corrupt("has an invalid subcluster bitmap");
   }
   // Extend over following subclusters of the same type.
-  int last = sc;
-  while (last + 1 < g.subclusters &&
-         ClassifySubcluster(entry, bitmap, true, last + 1) == type) {
-    ++last;
-  }
-  uint64_t run_end = (uint64_t{static_cast<uint64_t>(last) + 1}) *
-                     g.subcluster_size;
+  const uint64_t run_end =
+      static_cast<uint64_t>(SubclusterRunEnd(bitmap, sc, g.subclusters)) *
+      g.subcluster_size;
   e.length = std::min(max_len, run_end - in_cluster);
   switch (type) {
     case SubclusterType::kNormal:
