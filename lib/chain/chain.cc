@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <set>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "lib/format/header.h"
@@ -210,32 +212,86 @@ absl::Status Chain::PlanRead(int depth, uint64_t offset, uint8_t* dest,
 
 absl::StatusOr<const BackingMap::Piece*> Chain::ResolveBacking(
     uint64_t offset) {
-  // Pieces cover their granule from its start (or from where the piece
-  // before ends), so that reads anywhere in it find them later.
-  uint64_t pos = backing_map_.FreeStart(offset);
-  while (true) {
-    BackingMap::Piece piece;
-    piece.start = pos;
-    uint64_t len = backing_map_.FreeEnd(pos) - pos;
-    for (int d = 1;; ++d) {
-      if (d >= length() || pos >= layers_[d]->size()) {
-        piece.extent.kind = Extent::kZero;
-        piece.extent.length = len;
-        break;
-      }
-      ASSIGN_OR_RETURN(Extent e, layers_[d]->Map(pos, len));
-      len = e.length;
-      if (e.kind != Extent::kUnallocated) {
-        piece.depth = d;
-        piece.extent = e;
-        break;
+  // The whole aligned window around `offset` is resolved at once, layer by
+  // layer: a layer's Map returns a run of clusters per call, so a sparse
+  // overlay answers for the window in one call instead of one per granule.
+  // Not clamped to the top's size: what the layers below hold does not
+  // depend on it, and the top may grow (or be asked about its old end).
+  const uint64_t window_start = offset / resolve_window_ * resolve_window_;
+  const uint64_t window_end = window_start + resolve_window_;
+  struct Span {
+    uint64_t start, end;
+  };
+  // What the map does not hold yet, merged across granule edges.
+  absl::InlinedVector<Span, 4> todo;
+  for (uint64_t pos = window_start; pos < window_end;) {
+    if (const BackingMap::Piece* p = backing_map_.Find(pos)) {
+      pos = p->start + p->length;
+      continue;
+    }
+    const uint64_t end = std::min(backing_map_.FreeEnd(pos), window_end);
+    if (!todo.empty() && todo.back().end == pos) {
+      todo.back().end = end;
+    } else {
+      todo.push_back({pos, end});
+    }
+    pos = end;
+  }
+  absl::InlinedVector<BackingMap::Piece, 8> found;
+  for (int d = 1; !todo.empty(); ++d) {
+    absl::InlinedVector<Span, 4> below;  // unallocated in layer d
+    for (const Span& span : todo) {
+      for (uint64_t pos = span.start; pos < span.end;) {
+        BackingMap::Piece piece;
+        piece.start = pos;
+        if (d >= length() || pos >= layers_[d]->size()) {
+          piece.extent.kind = Extent::kZero;
+          piece.extent.length = span.end - pos;
+        } else {
+          ASSIGN_OR_RETURN(piece.extent, layers_[d]->Map(pos, span.end - pos));
+          piece.depth = d;
+        }
+        piece.length = piece.extent.length;
+        pos += piece.length;
+        if (piece.extent.kind != Extent::kUnallocated) {
+          found.push_back(piece);
+        } else if (!below.empty() && below.back().end == piece.start) {
+          below.back().end = pos;
+        } else {
+          below.push_back({piece.start, pos});
+        }
       }
     }
-    piece.length = len;
-    if (offset < pos + len) return backing_map_.Insert(piece);
-    backing_map_.Insert(piece);
-    pos += len;
+    todo.swap(below);
   }
+  // Stored cut at granule edges. Inserting may start the map over, so the
+  // piece holding `offset` is looked up (or put back) at the end.
+  std::optional<BackingMap::Piece> wanted;
+  for (const BackingMap::Piece& piece : found) {
+    for (uint64_t pos = piece.start; pos < piece.start + piece.length;) {
+      const uint64_t edge = (pos / BackingMap::kGranule + 1) *
+                            BackingMap::kGranule;
+      BackingMap::Piece part = piece;
+      const uint64_t into = pos - piece.start;
+      part.start = pos;
+      part.length = std::min(edge, piece.start + piece.length) - pos;
+      part.extent.length = part.length;
+      if (part.extent.kind == Extent::kData ||
+          part.extent.has_host_cluster) {
+        part.extent.host_offset += into;
+      }
+      if (offset - part.start < part.length) wanted = part;
+      backing_map_.Insert(part);
+      pos += part.length;
+    }
+  }
+  if (const BackingMap::Piece* p = backing_map_.Find(offset)) return p;
+  if (!wanted) {
+    return absl::InternalError(absl::StrCat(
+        layers_[0]->filename(), ": resolving guest offset ", offset,
+        " through the backing chain found no piece holding it"));
+  }
+  return backing_map_.Insert(*wanted);
 }
 
 absl::Status Chain::PlanBackingRead(uint64_t offset, uint8_t* dest,

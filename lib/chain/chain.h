@@ -120,9 +120,13 @@ class Chain {
   // PlanRead below the top through backing_map_ (deep chains).
   absl::Status PlanBackingRead(uint64_t offset, uint8_t* dest, uint64_t len,
                                IoPlan* plan, IoCategory category);
-  // Resolves the piece of the layers under the top that starts at `offset`
-  // (to the end of its 64 KiB granule at most) and caches it.
+  // Resolves what backing_map_ does not hold yet of the aligned
+  // resolve_window_ around `offset` and returns the piece holding `offset`.
   absl::StatusOr<const BackingMap::Piece*> ResolveBacking(uint64_t offset);
+  // 1 MiB, or less when an L2 slice of a layer below maps less (clusters
+  // under 2 KiB, or small slices), but never under one granule.
+  static constexpr uint64_t kMaxResolveWindow = 1 << 20;
+  uint64_t resolve_window_ = kMaxResolveWindow;
 
   void PlanLocked(Request* r);
   // Runs `plan` for r with metadata misses deferred (MissDeferral) and,

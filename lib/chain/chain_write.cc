@@ -27,6 +27,18 @@ absl::Status Chain::CheckWritable() const {
 }
 
 void Chain::ConnectBacking() {
+  // A resolution window inside one cached L2 slice of every layer below,
+  // so that resolving it meets at most one miss per layer.
+  resolve_window_ = kMaxResolveWindow;
+  for (int d = 1; d < length(); ++d) {
+    if (auto* q = dynamic_cast<Qcow2Layer*>(layers_[d].get())) {
+      const Geometry& g = q->geometry();
+      resolve_window_ = std::min(
+          resolve_window_,
+          std::max<uint64_t>(g.slice_entries << g.cluster_bits,
+                             BackingMap::kGranule));
+    }
+  }
   Qcow2Layer* top = top_qcow2();
   if (top == nullptr || length() < 2) return;
   top->set_backing(
