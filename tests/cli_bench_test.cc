@@ -263,7 +263,7 @@ TEST(BenchCliTest, ScalingRatiosMatchRawRows) {
 TEST(BenchCliTest, RmwRowsAndBaselines) {
   TempDir dir;
   json::Value v = RunJson(dir, {"rmw", "--image-size=8M", "--depth=3",
-                                "--count=200", "--time=0.2"});
+                                "--count=200", "--time=0.2", "--repeat=3"});
   const json::Value& rows = v["rows"];
   ASSERT_EQ(rows.size(), 2u * 4 + 2);
   auto iops_of = [&](size_t i) { return Num(rows[i], "iops"); };
@@ -309,6 +309,14 @@ TEST(BenchCliTest, RmwRowsAndBaselines) {
   EXPECT_TRUE(rows[8]["ratio_vs_baseline"].is_null());
   EXPECT_NEAR(Num(rows[9], "ratio_vs_baseline"), iops_of(9) / iops_of(8),
               1e-3 * Num(rows[9], "ratio_vs_baseline"));
+  // Each read row is the median of three rounds, inside their spread.
+  EXPECT_EQ(v["params"]["read_rounds"].as_uint64(), 3u);
+  for (size_t i : {8u, 9u}) {
+    CheckRow(rows[i], "read");
+    EXPECT_EQ(rows[i]["runs"].as_uint64(), 3u);
+    EXPECT_LE(Num(rows[i], "iops_min"), iops_of(i));
+    EXPECT_GE(Num(rows[i], "iops_max"), iops_of(i));
+  }
   EXPECT_TRUE(DirEmpty(dir.path()));
 }
 

@@ -164,17 +164,19 @@ const Workload kWorkloads[] = {
      "allocated base ('vs base' compares IOPS with that row) and into a\n"
      "fresh sparse raw file (the file system's own cost). Then 4 KiB\n"
      "random reads of the base and of the top of the chain ('vs base':\n"
-     "against depth 0).\n\n"
+     "against depth 0), in --repeat rounds of both; each read row is the\n"
+     "median round, with the lowest and highest IOPS.\n\n"
      "  --bs=LIST                write sizes (default 4k,64k)\n"
      "  --qd=N                   queue depth (default 32)\n"
      "  --count=N                writes per write cell (default 10000)\n"
      "  --time=SECONDS           length of each read cell (default 2)\n"
      "  --depth=N                overlays stacked for the read rows\n"
      "                           (default 32)\n"
+     "  --repeat=N               rounds of the read rows (default 3)\n"
      "  --image-size=SIZE        default 1G\n"
      "  --cluster-size=SIZE      of every image, 16k or more (default 64k)\n",
-     {"--bs", "--qd", "--count", "--time", "--depth", "--image-size",
-      "--cluster-size"},
+     {"--bs", "--qd", "--count", "--time", "--depth", "--repeat",
+      "--image-size", "--cluster-size"},
      true},
     {"sweep",
      RunSweep,

@@ -10,7 +10,9 @@
 //     base itself, whose clusters are all its own), and into a fresh
 //     sparse raw file (what the file system alone charges for new blocks);
 //   - 4 KiB random reads of the base alone (depth 0) and of the top of the
-//     stacked chain (depth N).
+//     stacked chain (depth N), in --repeat rounds of both (each round
+//     opens the images afresh, so a round pays for a cold chain again);
+//     each row is the median round, with the spread.
 // Each fresh-overlay and raw row is compared with the allocated row of its
 // size ("vs base": IOPS ratio), each deep read row with depth 0.
 #include <algorithm>
@@ -38,6 +40,7 @@ struct Params {
   int depth = 32;
   uint64_t writes = kDefaultWrites;
   double read_seconds = kDefaultReadSeconds;
+  int read_rounds = 3;
 };
 
 absl::StatusOr<Params> Resolve(const BenchOptions& o) {
@@ -54,6 +57,7 @@ absl::StatusOr<Params> Resolve(const BenchOptions& o) {
   p.depth = o.chain_depth.value_or(p.depth);
   p.writes = o.count.value_or(p.writes);
   p.read_seconds = o.seconds.value_or(p.read_seconds);
+  p.read_rounds = o.repeat.value_or(p.read_rounds);
   for (uint64_t bs : p.bs) {
     if (bs > p.size) {
       return OptionError(absl::StrCat("--bs ", FormatBlockSize(bs),
@@ -72,16 +76,15 @@ struct Cell {
   int depth = 0;
 };
 
-// Runs `c` on `image` and appends its row (and the human one).
+// Runs `c` on `image` with random offsets from `seed` and appends its row.
 absl::Status Measure(Env& env, Image& image, const Params& p, const Cell& c,
-                     const std::string& label, Report* report) {
+                     const std::string& label, uint64_t seed, Report* report) {
   env.progress.BeginCell(label);
   JobSpec spec;
   spec.op = c.op;
   spec.qd = p.qd;
   spec.max_len = static_cast<uint32_t>(c.bs);
-  spec.next = RandomRequests(0, p.size, spec.max_len,
-                             env.opts.seed + report->rows.size());
+  spec.next = RandomRequests(0, p.size, spec.max_len, seed);
   if (c.op == Op::kWrite) {
     spec.count = p.writes;
     spec.flush = true;  // metadata written back inside the timed span
@@ -188,16 +191,18 @@ absl::Status RunRmw(Env& env, Report* report) {
       .Set("qd", Value::Uint(p->qd))
       .Set("depth", Value::Uint(p->depth))
       .Set("writes", Value::Uint(p->writes))
-      .Set("read_seconds", Value::Num(p->read_seconds));
+      .Set("read_seconds", Value::Num(p->read_seconds))
+      .Set("read_rounds", Value::Uint(p->read_rounds));
 
   auto paths = BuildChain(env, *p);
   if (!paths.ok()) return paths.status();
   const std::string& base_path = (*paths)[0];
 
-  const size_t total = p->bs.size() * 4 + 2;
+  const size_t total = p->bs.size() * 4 + 2 * p->read_rounds;
+  size_t done = 0;
   auto label = [&](const Cell& c) {
     return absl::StrFormat(
-        "[%u/%u] %s %s %s%s", report->rows.size() + 1, total, OpName(c.op),
+        "[%u/%u] %s %s %s%s", ++done, total, OpName(c.op),
         FormatBlockSize(c.bs), c.target,
         c.extended_l2 ? (*c.extended_l2 ? " (extended L2)" : " (standard L2)")
                       : "");
@@ -215,7 +220,8 @@ absl::Status RunRmw(Env& env, Report* report) {
       if (!image.ok()) return image.status();
       if (engine.empty()) engine = EngineName(**image);
       const Cell c{"fresh overlay", Op::kWrite, bs, xl2};
-      absl::Status s = Measure(env, **image, *p, c, label(c), report);
+      absl::Status s = Measure(env, **image, *p, c, label(c),
+                               env.opts.seed + report->rows.size(), report);
       if (s.ok()) s = (*image)->Close();
       image->reset();
       if (s.ok()) s = env.scratch->Remove(path);
@@ -227,7 +233,8 @@ absl::Status RunRmw(Env& env, Report* report) {
       auto image = OpenBenchImage(base_path, env.direct, true, "qcow2");
       if (!image.ok()) return image.status();
       const Cell c{"allocated", Op::kWrite, bs, std::nullopt};
-      absl::Status s = Measure(env, **image, *p, c, label(c), report);
+      absl::Status s = Measure(env, **image, *p, c, label(c),
+                               env.opts.seed + report->rows.size(), report);
       if (s.ok()) s = (*image)->Close();
       if (!s.ok()) return s;
     }
@@ -240,20 +247,40 @@ absl::Status RunRmw(Env& env, Report* report) {
     auto image = CreateBenchImage(raw_path, raw, env.direct);
     if (!image.ok()) return image.status();
     const Cell c{"fresh raw file", Op::kWrite, bs, std::nullopt};
-    absl::Status s = Measure(env, **image, *p, c, label(c), report);
+    absl::Status s = Measure(env, **image, *p, c, label(c),
+                             env.opts.seed + report->rows.size(), report);
     if (s.ok()) s = (*image)->Close();
     image->reset();
     if (s.ok()) s = env.scratch->Remove(raw_path);
     if (!s.ok()) return s;
   }
-  for (int d : {0, p->depth}) {
-    auto image = OpenBenchImage((*paths)[d], env.direct, false, "qcow2");
-    if (!image.ok()) return image.status();
-    Cell c{absl::StrCat("depth ", d), Op::kRead, kReadSize, std::nullopt, d};
-    if (absl::Status s = Measure(env, **image, *p, c, label(c), report);
-        !s.ok()) {
-      return s;
+  // Rounds of (depth 0, depth N), both reading the same offsets in a
+  // round, so that a drift of the device lands on both alike.
+  const uint64_t read_seed = env.opts.seed + report->rows.size();
+  std::vector<Record> rounds[2];
+  for (int round = 0; round < p->read_rounds; ++round) {
+    for (int i = 0; i < 2; ++i) {
+      const int d = i == 0 ? 0 : p->depth;
+      auto image = OpenBenchImage((*paths)[d], env.direct, false, "qcow2");
+      if (!image.ok()) return image.status();
+      Cell c{absl::StrCat("depth ", d), Op::kRead, kReadSize, std::nullopt, d};
+      absl::Status s =
+          Measure(env, **image, *p, c, label(c), read_seed + round, report);
+      if (s.ok()) s = (*image)->Close();
+      if (!s.ok()) return s;
+      rounds[i].push_back(std::move(report->rows.back()));
+      report->rows.pop_back();
     }
+  }
+  for (std::vector<Record>& runs : rounds) {
+    std::sort(runs.begin(), runs.end(), [](const Record& a, const Record& b) {
+      return a.Find("iops")->number() < b.Find("iops")->number();
+    });
+    Record row = runs[runs.size() / 2];
+    row.Set("runs", Value::Uint(runs.size()))
+        .Set("iops_min", Value::Num(runs.front().Find("iops")->number()))
+        .Set("iops_max", Value::Num(runs.back().Find("iops")->number()));
+    report->rows.push_back(std::move(row));
   }
   AddCommonParams(env.direct, engine, &report->params);
 
@@ -290,6 +317,8 @@ absl::Status RunRmw(Env& env, Report* report) {
       {"allocs", "cluster_allocations", 0},
       {"cow rd/alloc", "cow_read_clusters_per_alloc", 2},
       {"wr/alloc", "host_write_clusters_per_alloc", 2},
+      {"IOPS min", "iops_min", 0},
+      {"IOPS max", "iops_max", 0},
   };
   report->plot_title.clear();
   return absl::OkStatus();
