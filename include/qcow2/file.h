@@ -44,6 +44,12 @@ class File {
   // Sets the size; new bytes read as zero.
   virtual absl::Status Truncate(uint64_t size) = 0;
 
+  // Extends the file from `old_size` (its size now) to `new_size` for
+  // writes that will follow there; the new bytes read as zero. An
+  // implementation may reserve the space too where that is cheap. Default:
+  // Truncate(new_size).
+  virtual absl::Status Extend(uint64_t old_size, uint64_t new_size);
+
   // Reserves space for [offset, offset+len) so later writes there cannot
   // fail for lack of space. Default: writes zeroes where the range lies past
   // the current end of the file.

@@ -170,7 +170,9 @@ class Qcow2Layer : public Layer {
   // (a quarter of its length, 1 MiB to 256 MiB). A direct write that
   // extends a file waits on Linux file systems for every direct write in
   // flight; with the file grown ahead, writes into new clusters land
-  // inside it and stay concurrent. Close() gives back what was not used.
+  // inside it and stay concurrent. The step is reserved where the file can
+  // (File::Extend: fallocate for POSIX files), so such writes do not
+  // allocate blocks either. Close() gives back what was not used.
   absl::Status GrowAhead(uint64_t end);
   // Called when a write into the host cluster at `host` has committed (a
   // new cluster) or is planned (in place): the file must keep that

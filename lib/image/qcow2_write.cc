@@ -286,7 +286,7 @@ absl::Status Qcow2Layer::GrowAhead(uint64_t end) {
       std::clamp<uint64_t>(have / 4, uint64_t{1} << 20, uint64_t{256} << 20);
   const uint64_t cs = map_->geometry().cluster_size;
   const uint64_t target = (std::max(end, have + step) + cs - 1) / cs * cs;
-  RETURN_IF_ERROR(file_->Truncate(target));
+  RETURN_IF_ERROR(file_->Extend(have, target));
   grown_to_ = target;
   return absl::OkStatus();
 }

@@ -139,6 +139,21 @@ absl::Status PosixFile::Truncate(uint64_t size) {
   return absl::OkStatus();
 }
 
+absl::Status PosixFile::Extend(uint64_t old_size, uint64_t new_size) {
+  // Blocks reserved ahead (unwritten extents, reading as zeros) let a direct
+  // write land without allocating: ext4 then takes the inode lock shared,
+  // where a write into a hole takes it exclusively.
+  if (new_size > old_size &&
+      ::fallocate(fd_, 0, static_cast<off_t>(old_size),
+                  static_cast<off_t>(new_size - old_size)) == 0) {
+    return absl::OkStatus();
+  }
+  // No fallocate here (EOPNOTSUPP), or no room to reserve (ENOSPC,
+  // EDQUOT): a size change alone. Writes into the range then report a
+  // full disk themselves. The truncate also undoes a partial reservation.
+  return Truncate(new_size);
+}
+
 absl::Status PosixFile::Allocate(uint64_t offset, uint64_t len) {
   if (::fallocate(fd_, 0, static_cast<off_t>(offset),
                   static_cast<off_t>(len)) == 0) {

@@ -45,6 +45,9 @@ class PosixFile : public File {
   absl::Status Flush() override;
   absl::StatusOr<uint64_t> Size() override;
   absl::Status Truncate(uint64_t size) override;
+  // Reserves the new range with fallocate (unwritten blocks) where it
+  // can, else a plain truncate.
+  absl::Status Extend(uint64_t old_size, uint64_t new_size) override;
   absl::Status Allocate(uint64_t offset, uint64_t len) override;
   absl::Status WriteZeroes(uint64_t offset, uint64_t len) override;
   absl::Status Discard(uint64_t offset, uint64_t len) override;
