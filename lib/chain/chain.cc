@@ -210,7 +210,7 @@ absl::Status Chain::PlanRead(int depth, uint64_t offset, uint8_t* dest,
   return absl::OkStatus();
 }
 
-absl::StatusOr<const BackingMap::Piece*> Chain::ResolveBacking(
+absl::StatusOr<BackingMap::Piece> Chain::ResolveBacking(
     uint64_t offset) {
   // The whole aligned window around `offset` is resolved at once, layer by
   // layer: a layer's Map returns a run of clusters per call, so a sparse
@@ -225,7 +225,7 @@ absl::StatusOr<const BackingMap::Piece*> Chain::ResolveBacking(
   // What the map does not hold yet, merged across granule edges.
   absl::InlinedVector<Span, 4> todo;
   for (uint64_t pos = window_start; pos < window_end;) {
-    if (const BackingMap::Piece* p = backing_map_.Find(pos)) {
+    if (std::optional<BackingMap::Piece> p = backing_map_.Find(pos)) {
       pos = p->start + p->length;
       continue;
     }
@@ -264,8 +264,7 @@ absl::StatusOr<const BackingMap::Piece*> Chain::ResolveBacking(
     }
     todo.swap(below);
   }
-  // Stored cut at granule edges. Inserting may start the map over, so the
-  // piece holding `offset` is looked up (or put back) at the end.
+  // Stored cut at granule edges.
   std::optional<BackingMap::Piece> wanted;
   for (const BackingMap::Piece& piece : found) {
     for (uint64_t pos = piece.start; pos < piece.start + piece.length;) {
@@ -285,13 +284,12 @@ absl::StatusOr<const BackingMap::Piece*> Chain::ResolveBacking(
       pos += part.length;
     }
   }
-  if (const BackingMap::Piece* p = backing_map_.Find(offset)) return p;
   if (!wanted) {
     return absl::InternalError(absl::StrCat(
         layers_[0]->filename(), ": resolving guest offset ", offset,
         " through the backing chain found no piece holding it"));
   }
-  return backing_map_.Insert(*wanted);
+  return *wanted;
 }
 
 absl::Status Chain::PlanBackingRead(uint64_t offset, uint8_t* dest,
@@ -300,8 +298,8 @@ absl::Status Chain::PlanBackingRead(uint64_t offset, uint8_t* dest,
   uint64_t pos = 0;
   while (pos < len) {
     const uint64_t cur = offset + pos;
-    const BackingMap::Piece* p = backing_map_.Find(cur);
-    if (p == nullptr) {
+    std::optional<BackingMap::Piece> p = backing_map_.Find(cur);
+    if (!p) {
       ASSIGN_OR_RETURN(p, ResolveBacking(cur));
     }
     const uint64_t into = cur - p->start;

@@ -122,7 +122,7 @@ class Chain {
                                IoPlan* plan, IoCategory category);
   // Resolves what backing_map_ does not hold yet of the aligned
   // resolve_window_ around `offset` and returns the piece holding `offset`.
-  absl::StatusOr<const BackingMap::Piece*> ResolveBacking(uint64_t offset);
+  absl::StatusOr<BackingMap::Piece> ResolveBacking(uint64_t offset);
   // 1 MiB, or less when an L2 slice of a layer below maps less (clusters
   // under 2 KiB, or small slices), but never under one granule.
   static constexpr uint64_t kMaxResolveWindow = 1 << 20;
