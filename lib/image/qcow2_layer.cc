@@ -176,9 +176,19 @@ absl::StatusOr<Extent> Qcow2Layer::Map(uint64_t offset, uint64_t max_len) {
   // continues with the same kind (and contiguous host offsets for data).
   uint64_t left = g.slice_entries - ref.index;
   uint64_t pos = offset + first.length;
+  const bool plain_unallocated =
+      first.kind == Extent::kUnallocated && !first.has_host_cluster;
   while (first.kind != Extent::kCompressed && first.length < max_len &&
          --left > 0 && IsAligned(pos, g.cluster_size)) {
     ref.index++;
+    if (plain_unallocated && ref.entry() == 0 && ref.bitmap() == 0) {
+      // An all-zero entry (and bitmap) is valid and unallocated: the
+      // common case in a sparse overlay, taken without the full check.
+      const uint64_t n = std::min(g.cluster_size, max_len - first.length);
+      first.length += n;
+      pos += n;
+      continue;
+    }
     ASSIGN_OR_RETURN(Extent next, MapInCluster(ref, pos, max_len - first.length));
     if (next.kind != first.kind) break;
     if (first.kind == Extent::kData &&
