@@ -44,16 +44,6 @@ std::optional<BackingMap::Piece> BackingMap::Find(uint64_t offset) const {
   return std::nullopt;
 }
 
-uint64_t BackingMap::FreeStart(uint64_t offset) const {
-  uint64_t start = offset / kGranule * kGranule;
-  if (const Granule* g = SplitOf(offset / kGranule)) {
-    for (const Piece& p : *g) {
-      if (p.start + p.length <= offset) start = std::max(start, p.start + p.length);
-    }
-  }
-  return start;
-}
-
 uint64_t BackingMap::FreeEnd(uint64_t offset) const {
   uint64_t end = (offset / kGranule + 1) * kGranule;
   if (const Granule* g = SplitOf(offset / kGranule)) {

@@ -40,10 +40,8 @@ class BackingMap {
 
   // The piece containing `offset`, if one is held.
   std::optional<Piece> Find(uint64_t offset) const;
-  // Where a new piece at `offset` (not in any piece) may start and must
-  // end: from the end of the piece before it in its granule (or the
-  // granule's start) to the start of the next (or the granule's end).
-  uint64_t FreeStart(uint64_t offset) const;
+  // Where a new piece at `offset` (not in any piece) must end: at the
+  // start of the next piece in its granule, or at the granule's end.
   uint64_t FreeEnd(uint64_t offset) const;
   // Adds a piece inside one granule that overlaps none already held. When
   // full (max_pieces pieces, or max_pieces / 4 blocks of 1 KiB: at most
