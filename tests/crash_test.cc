@@ -52,6 +52,11 @@ struct Op {
   uint8_t byte = 0;  // pattern for writes
 };
 
+// Whether small writes into fresh clusters may defer their copy-on-write.
+bool DefersCow(const Config& c) {
+  return !c.extended_l2 && c.cluster_size >= 16384;
+}
+
 std::vector<Op> Workload(const Config& c) {
   const uint64_t cs = c.cluster_size;
   std::vector<Op> ops = {
@@ -59,6 +64,18 @@ std::vector<Op> Workload(const Config& c) {
       {Op::kWrite, 3 * cs - 7, 2 * cs + 11, 0xa2},      // spans clusters
       {Op::kFlush},
   };
+  if (DefersCow(c)) {
+    // A stream of 16 KiB writes (deferred copy-on-write), alone between
+    // two flushes: it starts in place at the end of cluster 5 (ours since
+    // the write above), fills cluster 6 by the writes alone and cluster 7
+    // half; the flush copies the rest of cluster 7 from the backing file.
+    for (uint64_t off = 6 * cs - 16384; off < 7 * cs + cs / 2;
+         off += 16384) {
+      ops.push_back({Op::kWrite, off, 16384,
+                     static_cast<uint8_t>(0xe0 + off / 16384 % 16)});
+    }
+    ops.push_back({Op::kFlush});
+  }
   std::vector<Op> rest = {
       {Op::kZero, 8 * cs, 2 * cs, 0},                   // zero flag
       {Op::kZero, 12 * cs + 5, 300, 0},                 // partial zero
@@ -294,7 +311,7 @@ TEST_P(CrashTest, PowerCutAtEveryStep) {
   static const char* const kRank[] = {
       "refcount-table-grow", "l1-grow",   "refblock-alloc", "l2-alloc",
       "header-update",       "l1-update", "cow-write",      "zero-skip-write",
-      "data-write",
+      "data-write",          "deferred-write",  "deferred-fill",
       "l2-update",           "refblock-update", "flush",    "cow-read"};
   auto rank = [](const std::string& e) {
     for (size_t i = 0; i < std::size(kRank); ++i) {
@@ -389,6 +406,11 @@ TEST_P(CrashTest, PowerCutAtEveryStep) {
   for (const char* e :
        {"l2-update", "l2-alloc", "l1-update", "flush", "zero-skip-write"}) {
     EXPECT_GT(cuts_per_event[e], 0) << "no cut during " << e;
+  }
+  if (DefersCow(GetParam())) {
+    for (const char* e : {"deferred-write", "deferred-fill"}) {
+      EXPECT_GT(cuts_per_event[e], 0) << "no cut during " << e;
+    }
   }
   if (GetParam().bulk != 0) {
     EXPECT_GT(cuts_per_event["refcount-table-grow"], 0)

@@ -57,6 +57,12 @@ struct IoStats {
   uint64_t cow_tail_copies = 0;
   uint64_t cow_skipped_full = 0;
   uint64_t cow_skipped_zero = 0;
+  // Deferred copy-on-write (standard L2 entries, small writes that follow
+  // one another): clusters given a host cluster with the copy put off, and
+  // those of them that a flush (or a wider request) had to fill from the
+  // chain below because writes did not cover them whole.
+  uint64_t cow_deferred = 0;
+  uint64_t cow_deferred_filled = 0;
 
   uint64_t metadata_read_bytes() const {
     return l2_read_bytes + refcount_read_bytes;

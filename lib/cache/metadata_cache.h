@@ -93,6 +93,12 @@ class MetadataCache {
   // Returns the entry at `offset` (entry-size aligned), reading it on a
   // miss; with `may_defer`, a miss may instead be deferred (see above).
   absl::StatusOr<Handle> Get(uint64_t offset, bool may_defer = false);
+  // The entry at `offset` if it is cached, else null. No I/O, and the LRU
+  // order is left alone.
+  Handle Peek(uint64_t offset) const {
+    auto it = map_.find(offset);
+    return it == map_.end() ? nullptr : it->second.entry;
+  }
 
   // Takes the entries read without the lock after a deferred miss: `data`
   // holds whole entries from `start`. `epoch` is the one recorded at the

@@ -145,12 +145,22 @@ class Chain {
       misses_in_flight_;
   absl::Status ClosedError() const;
   bool Conflicts(const Request* a, const Request* b) const;
+  // Whether r, in the lock list, may hold its range: no earlier request
+  // (holding or waiting) and no later one holding conflicts with it.
+  bool CanGrant(const Request* r) const;
   void GrantWaiters();
+  // The top's cluster size, and the unit lock ranges are counted in.
+  uint32_t LockClusterBits() const;
+  uint32_t LockUnitBits() const;
+  void SetLockRange(Request* r, bool fine) const;
+  // A write planned under a byte-range lock that now needs its whole
+  // clusters: widens its range. Returns true if it holds them at once;
+  // else it is parked until GrantWaiters wakes it.
+  bool WidenLock(Request* r);
 
   mutable std::mutex mu_;
   // Requests holding or waiting for guest clusters, in arrival order.
   std::list<Request*> lock_list_;
-  uint32_t lock_bits_ = 16;  // guest cluster size of the top image
   std::vector<StatsSource*> sources_;
   IoStats retired_stats_;  // sync calls and queues gone
   std::vector<std::unique_ptr<Layer>> layers_;  // [0] is the top

@@ -161,6 +161,19 @@ absl::StatusOr<L2Ref> ClusterMap::Lookup(uint64_t cluster) {
   return ref;
 }
 
+bool ClusterMap::Peek(uint64_t cluster, L2Ref* ref) {
+  absl::StatusOr<uint64_t> l2_offset = L2TableFor(cluster);
+  if (!l2_offset.ok()) return false;
+  *ref = L2Ref();
+  ref->extended = g_.extended_l2;
+  if (*l2_offset == 0) return true;
+  const uint64_t l2_index = cluster % g_.l2_entries;
+  ref->slice = l2_cache_.Peek(*l2_offset +
+                              (l2_index / g_.slice_entries) * g_.slice_bytes);
+  ref->index = static_cast<uint32_t>(l2_index % g_.slice_entries);
+  return ref->slice != nullptr;
+}
+
 uint64_t ClusterMap::EntriesLeftInSlice(uint64_t cluster) const {
   return g_.slice_entries - (cluster % g_.l2_entries) % g_.slice_entries;
 }

@@ -63,6 +63,10 @@ class ClusterMap {
   // (slice == nullptr) when the L2 table is not allocated.
   absl::StatusOr<L2Ref> Lookup(uint64_t cluster);
 
+  // The same without I/O: false when the L1 entry is invalid or the slice
+  // is not cached; otherwise *ref is set (slice null: no L2 table).
+  bool Peek(uint64_t cluster, L2Ref* ref);
+
   // Number of entries from `cluster` to the end of its slice.
   uint64_t EntriesLeftInSlice(uint64_t cluster) const;
 

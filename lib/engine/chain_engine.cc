@@ -55,6 +55,50 @@ bool Chain::Conflicts(const Request* a, const Request* b) const {
   return a->lock_first <= b->lock_last && b->lock_first <= a->lock_last;
 }
 
+bool Chain::CanGrant(const Request* r) const {
+  bool before = true;
+  for (const Request* other : lock_list_) {
+    if (other == r) {
+      before = false;
+      continue;
+    }
+    // Later requests normally wait behind r; one may hold a range that
+    // overlaps r's only if r widened its range after it was granted.
+    if ((before || other->lock_granted) && Conflicts(other, r)) return false;
+  }
+  return true;
+}
+
+uint32_t Chain::LockClusterBits() const {
+  const auto* top = dynamic_cast<const Qcow2Layer*>(layers_[0].get());
+  return top != nullptr ? top->geometry().cluster_bits : 16;
+}
+
+uint32_t Chain::LockUnitBits() const {
+  return std::min(LockClusterBits(), Qcow2Layer::kFineLockBits);
+}
+
+void Chain::SetLockRange(Request* r, bool fine) const {
+  const uint32_t cbits = LockClusterBits();
+  const uint32_t ubits = LockUnitBits();
+  const uint64_t last_byte = r->offset + r->len - 1;
+  r->lock_fine = fine;
+  if (fine) {
+    r->lock_first = r->offset >> ubits;
+    r->lock_last = last_byte >> ubits;
+  } else {
+    r->lock_first = (r->offset >> cbits) << (cbits - ubits);
+    r->lock_last = (((last_byte >> cbits) + 1) << (cbits - ubits)) - 1;
+  }
+}
+
+bool Chain::WidenLock(Request* r) {
+  SetLockRange(r, false);
+  r->lock_granted = CanGrant(r);
+  if (!r->lock_granted) r->miss_parked = true;
+  return r->lock_granted;
+}
+
 bool Chain::Begin(Request* r) {
   std::lock_guard<std::mutex> lock(mu_);
   StatsScope scope(&r->stats);
@@ -76,21 +120,21 @@ bool Chain::Begin(Request* r) {
     PlanLocked(r);
     return true;
   }
-  const Qcow2Layer* top = dynamic_cast<const Qcow2Layer*>(layers_[0].get());
-  const uint32_t bits = top != nullptr ? top->geometry().cluster_bits : 16;
-  r->lock_first = r->offset >> bits;
-  r->lock_last = (r->offset + r->len - 1) >> bits;
-  r->lock_shared = r->kind == Request::kRead;
-  bool blocked = false;
-  for (const Request* other : lock_list_) {
-    if (Conflicts(other, r)) {
-      blocked = true;
-      break;
-    }
+  // Reads hold their own bytes: a read never changes metadata, and a
+  // request that does holds whole clusters. Writes do when the top allows
+  // it (ours in place, or deferred copy-on-write); the rest hold whole
+  // clusters. A raw top has no metadata at all.
+  Qcow2Layer* top = top_qcow2();
+  bool fine = r->kind == Request::kRead || top == nullptr;
+  if (r->kind == Request::kWrite && top != nullptr) {
+    fine = top->FineWritable(r->offset, r->len, /*stream=*/true);
+    top->NoteWriteBegun(r->offset, r->len);
   }
+  SetLockRange(r, fine);
+  r->lock_shared = r->kind == Request::kRead;
   lock_list_.push_back(r);
   r->in_lock_list = true;
-  if (blocked) return false;
+  if (!CanGrant(r)) return false;
   r->lock_granted = true;
   PlanLocked(r);
   return true;
@@ -126,9 +170,17 @@ void Chain::PlanLocked(Request* r) {
       r->counted = true;
       if (r->len == 0) break;
       if (top != nullptr) {
+        // What allowed a byte-range lock may have changed while the write
+        // waited: then it needs its whole clusters.
+        if (r->lock_fine &&
+            !top->FineWritable(r->offset, r->len, /*stream=*/false) &&
+            !WidenLock(r)) {
+          break;  // parked until it holds them
+        }
+        const bool fine = r->lock_fine;
         PlanDeferringMisses(r, [&] {
           return top->PlanWrite(
-              r->offset, absl::MakeConstSpan(r->wbuf, r->len), &r->plan);
+              r->offset, absl::MakeConstSpan(r->wbuf, r->len), &r->plan, fine);
         });
       } else {
         IoOp op;
@@ -167,6 +219,12 @@ void Chain::PlanLocked(Request* r) {
       }
       if (!writable_) break;
       if (top != nullptr) {
+        // Clusters with deferred copy-on-write get their contents and L2
+        // entries first.
+        if (absl::Status s = top->SettleAllPending(); !s.ok()) {
+          r->status = std::move(s);
+          break;
+        }
         absl::StatusOr<uint64_t> gen = top->BeginFlush();
         if (!gen.ok()) {
           r->status = gen.status();
@@ -262,17 +320,8 @@ void Chain::LoadMiss(Request* r) {
 }
 
 void Chain::GrantWaiters() {
-  for (auto it = lock_list_.begin(); it != lock_list_.end(); ++it) {
-    Request* w = *it;
-    if (w->lock_granted) continue;
-    bool blocked = false;
-    for (auto before = lock_list_.begin(); before != it; ++before) {
-      if (Conflicts(*before, w)) {
-        blocked = true;
-        break;
-      }
-    }
-    if (blocked) continue;
+  for (Request* w : lock_list_) {
+    if (w->lock_granted || !CanGrant(w)) continue;
     w->lock_granted = true;
     w->waiter->Wake(w);
   }

@@ -37,10 +37,13 @@ struct Request {
   bool unmap = false;             // kWriteZeroes
   Completion done;
 
-  // Guest clusters [lock_first, lock_last] of the top image, held shared
-  // (reads) or exclusive, in arrival order (lib/engine/range_lock.h).
+  // Guest range [lock_first, lock_last] of the top image, in units of
+  // Chain::LockUnitBits(), held shared (reads) or exclusive, in arrival
+  // order. Whole clusters, unless `lock_fine` (reads, and writes that
+  // Qcow2Layer::FineWritable allows): the request's own bytes.
   uint64_t lock_first = 0;
   uint64_t lock_last = 0;
+  bool lock_fine = false;
   bool lock_shared = false;
   bool lock_granted = false;
   bool in_lock_list = false;
@@ -59,9 +62,10 @@ struct Request {
   // cache is.
   std::vector<std::shared_ptr<void>> pinned;
   int stale_misses = 0;   // entries read but dropped as possibly stale
-  // Planning met a miss another request of the same executor is already
-  // reading: r waits for it (r->waiter->Wake, then Chain::Plan) instead of
-  // reading it again.
+  // r waits (r->waiter->Wake, then Chain::Plan) before it plans again:
+  // planning met a miss another request of the same executor is already
+  // reading, or a write under a byte-range lock needs its whole clusters
+  // and must wait for them.
   bool miss_parked = false;
   bool counted = false;   // guest counters added (once per request)
   File* flush_file = nullptr;  // kFlush: the file to flush

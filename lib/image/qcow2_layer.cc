@@ -161,6 +161,13 @@ absl::StatusOr<Extent> Qcow2Layer::Map(uint64_t offset, uint64_t max_len) {
   const Geometry& g = map_->geometry();
   max_len = std::min(max_len, header_.size - offset);
   uint64_t cluster = offset >> g.cluster_bits;
+  if (!pending_.empty()) {
+    // Clusters waiting for their L2 entry (deferred copy-on-write).
+    if (auto it = pending_.find(cluster); it != pending_.end()) {
+      return MapPending(it->second, offset, max_len);
+    }
+    max_len = ClipAtPending(offset, max_len);
+  }
   ASSIGN_OR_RETURN(L2Ref ref, map_->Lookup(cluster));
   if (ref.slice == nullptr) {
     // No L2 table: unallocated up to the end of the table's coverage.

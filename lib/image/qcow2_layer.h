@@ -5,12 +5,14 @@
 #define QCOW2_LIB_IMAGE_QCOW2_LAYER_H_
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "lib/chain/layer.h"
 #include "lib/cluster/cluster_map.h"
 #include "lib/cluster/metadata_set.h"
@@ -74,9 +76,48 @@ class Qcow2Layer : public Layer {
   // Plans the write of `data` at guest `offset`: allocations happen now
   // (in memory), copy-on-write reads and data writes go into `plan`, and
   // L2 updates into its commits. The caller holds the guest clusters
-  // exclusively until the plan is committed or aborted.
+  // exclusively until the plan is committed or aborted; with `fine`, it
+  // holds only the write's own bytes (rounded to kFineLockBytes), which
+  // FineWritable() must have allowed under the same lock.
   absl::Status PlanWrite(uint64_t offset, absl::Span<const uint8_t> data,
-                         IoPlan* plan);
+                         IoPlan* plan, bool fine = false);
+
+  // --- Writes under a byte-range lock, and deferred copy-on-write
+  // (qcow2_pending.cc).
+  //
+  // A write may hold only its own bytes (rounded to kFineLockBytes) rather
+  // than its whole clusters when, for every cluster it touches, nothing but
+  // those bytes will be written and no other request's plan can be made
+  // stale:
+  //  - the cluster is ours (COPIED data; with extended L2, every subcluster
+  //    touched allocated): the write goes in place;
+  //  - the cluster is *pending*: given a host cluster by an earlier write
+  //    that deferred its copy-on-write (below);
+  //  - the write may defer copy-on-write (standard L2 entries, a backing
+  //    chain, the cluster unallocated here, the write partial and aligned
+  //    to kFineLockBytes, and, with `stream`, the write continuing a recent
+  //    write or landing in a recently written cluster).
+  // A deferred write allocates the host cluster and writes only its own
+  // bytes; the cluster stays out of the L2 table, *pending*, with a map of
+  // which kFineLockBytes units hold guest data. Reads map covered units to
+  // the new cluster and the rest to the chain below. When writes have
+  // covered every unit and none is in flight, the L2 entry is set: a run of
+  // small sequential writes fills a cluster without reading the backing
+  // file. A flush (or a cluster-wide request on the cluster, or Close)
+  // copies the uncovered units from the chain below and sets the entry;
+  // a flush does not wait for writes in flight into the cluster (they may
+  // belong to another queue, whose thread must poll to finish them): it
+  // writes their bytes too (Materialize).
+  static constexpr uint32_t kFineLockBits = 12;
+  static constexpr uint64_t kFineLockBytes = uint64_t{1} << kFineLockBits;
+  // At most this many clusters are pending at once.
+  static constexpr size_t kMaxPending = 128;
+  bool FineWritable(uint64_t offset, uint64_t len, bool stream);
+  // Remembers where a write ends, for the `stream` test above.
+  void NoteWriteBegun(uint64_t offset, uint64_t len);
+  // Fills and commits every pending cluster (a flush, Close), writes in
+  // flight into them included: see Materialize.
+  absl::Status SettleAllPending();
   // Plans and carries out a write at once (blocking I/O).
   absl::Status Write(uint64_t offset, absl::Span<const uint8_t> data);
   // Makes the range read as zeros; with `free_clusters`, host clusters of
@@ -131,9 +172,53 @@ class Qcow2Layer : public Layer {
 
   // Write helpers.
   absl::Status PrepareWrite();
+  // Deferred copy-on-write (qcow2_pending.cc).
+  struct PendingWrite {
+    uint64_t id;
+    uint64_t in_cluster;
+    const uint8_t* data;  // the request's buffer, valid until it finishes
+    uint64_t len;
+  };
+  struct PendingCluster {
+    L2Ref ref;             // the cluster's L2 entry, pinned
+    uint64_t host = 0;     // the host cluster given to it
+    std::vector<uint64_t> covered;  // one bit per kFineLockBytes unit
+    uint32_t covered_units = 0;
+    std::vector<PendingWrite> in_flight;  // planned, not finished
+    bool virgin = false;  // the host cluster never held anything
+  };
+  enum class FineKind { kNone, kInPlace, kPending, kDefer };
+  FineKind ClassifyFine(uint64_t cluster, uint64_t in_cluster, uint64_t len,
+                        bool stream);
+  // Plans a write of `data` into a pending cluster, or allocates one.
+  absl::Status PlanPendingWrite(uint64_t cluster, uint64_t in_cluster,
+                                absl::Span<const uint8_t> data, IoPlan* plan);
+  // The end of such a write (commit or abort): `newly` holds the units it
+  // covered first, uncovered again when it failed. Commits the cluster when
+  // it is covered and idle, and frees it when nothing covers it.
+  absl::Status FinishPendingWrite(uint64_t cluster, uint64_t id,
+                                  const std::vector<uint64_t>& newly, bool ok);
+  // Copies the uncovered units of a pending cluster from the chain below,
+  // writes the bytes of writes in flight into it again from their
+  // buffers (blocking I/O, under the caller's lock, which those writes
+  // need to finish), and sets its L2 entry.
+  absl::Status Materialize(uint64_t cluster);
+  // Commits a pending cluster whose every unit holds guest data.
+  absl::Status CommitPending(uint64_t cluster);
+  // Materializes the pending clusters in guest range [offset, +len); with
+  // `drop_whole`, those inside it whole are dropped instead (the caller
+  // overwrites them), their host clusters freed.
+  absl::Status SettlePendingIn(uint64_t offset, uint64_t len, bool drop_whole);
+  // The length of [offset, +len) before the first pending cluster after
+  // `offset`'s own.
+  uint64_t ClipAtPending(uint64_t offset, uint64_t len) const;
+  // Maps inside a pending cluster.
+  Extent MapPending(const PendingCluster& p, uint64_t offset,
+                    uint64_t max_len) const;
   absl::StatusOr<L2Ref> L2ForWrite(uint64_t cluster);
   absl::Status PlanWriteCluster(uint64_t cluster, uint64_t in_cluster,
-                                absl::Span<const uint8_t> data, IoPlan* plan);
+                                absl::Span<const uint8_t> data, IoPlan* plan,
+                                bool fine = false);
   // Writes into subclusters of the cluster at host `entry` (ours, or
   // `fresh` just allocated for it), padding to subcluster boundaries.
   absl::Status PlanSubclusters(const L2Ref& ref, uint64_t entry,
@@ -206,6 +291,12 @@ class Qcow2Layer : public Layer {
   bool lazy_refcounts_ = false;
   bool closed_ = false;
   bool marked_corrupt_ = false;  // by Fail(); caches were abandoned
+
+  absl::flat_hash_map<uint64_t, PendingCluster> pending_;  // by guest cluster
+  uint64_t pending_write_ids_ = 0;
+  // Where the last few writes begun end (guest offsets), for FineWritable.
+  std::array<uint64_t, 8> recent_ends_{};
+  size_t recent_next_ = 0;
 
   // The most recently decompressed cluster, for small sequential reads.
   uint64_t decompressed_entry_ = 0;

@@ -259,9 +259,23 @@ absl::Status Qcow2Layer::PlanSubclusters(const L2Ref& ref, uint64_t entry,
 absl::Status Qcow2Layer::PlanWriteCluster(uint64_t cluster,
                                           uint64_t in_cluster,
                                           absl::Span<const uint8_t> data,
-                                          IoPlan* plan) {
+                                          IoPlan* plan, bool fine) {
   const Geometry& g = map_->geometry();
+  if (!pending_.empty()) {
+    if (fine && pending_.contains(cluster)) {
+      return PlanPendingWrite(cluster, in_cluster, data, plan);
+    }
+    // Holding the whole cluster: no write is in flight to it. Give it its
+    // full contents and its L2 entry first (or drop it if this write
+    // covers it whole).
+    RETURN_IF_ERROR(SettlePendingIn((cluster << g.cluster_bits) + in_cluster,
+                                    data.size(), /*drop_whole=*/true));
+  }
   ASSIGN_OR_RETURN(L2Ref ref, L2ForWrite(cluster));
+  if (fine && ref.entry() == 0 && !g.extended_l2) {
+    // FineWritable allowed this write to defer its copy-on-write.
+    return PlanPendingWrite(cluster, in_cluster, data, plan);
+  }
   const uint64_t entry = ref.entry();
   const uint64_t bitmap = ref.bitmap();
   const uint64_t host = entry & kEntryOffsetMask;
@@ -392,7 +406,7 @@ absl::Status Qcow2Layer::PlanWriteCluster(uint64_t cluster,
 
 absl::Status Qcow2Layer::PlanWrite(uint64_t offset,
                                    absl::Span<const uint8_t> data,
-                                   IoPlan* plan) {
+                                   IoPlan* plan, bool fine) {
   RETURN_IF_ERROR(PrepareWrite());
   const Geometry& g = map_->geometry();
   uint64_t pos = 0;
@@ -402,7 +416,7 @@ absl::Status Qcow2Layer::PlanWrite(uint64_t offset,
     const uint64_t n =
         std::min<uint64_t>(data.size() - pos, g.cluster_size - in_cluster);
     absl::Status s = PlanWriteCluster(cur >> g.cluster_bits, in_cluster,
-                                      data.subspan(pos, n), plan);
+                                      data.subspan(pos, n), plan, fine);
     if (!s.ok()) return Fail(std::move(s));
     pos += n;
   }

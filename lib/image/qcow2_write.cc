@@ -271,6 +271,9 @@ void Qcow2Layer::FinishFlush(uint64_t generation) {
 }
 
 absl::Status Qcow2Layer::Flush() {
+  if (writable_ && !closed_ && !marked_corrupt_) {
+    RETURN_IF_ERROR(SettleAllPending());
+  }
   ASSIGN_OR_RETURN(uint64_t generation, BeginFlush());
   if (!writable_ || closed_) return absl::OkStatus();
   CountMetadata(&IoStats::host_flushes, 1);

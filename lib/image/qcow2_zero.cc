@@ -126,6 +126,9 @@ absl::Status Qcow2Layer::ZeroSubclusters(uint64_t cluster, uint64_t in_cluster,
 absl::Status Qcow2Layer::Zero(uint64_t offset, uint64_t len,
                               bool free_clusters) {
   RETURN_IF_ERROR(PrepareWrite());
+  // Clusters waiting for their L2 entry get it first (the caller holds
+  // them whole, so no write to them is in flight).
+  RETURN_IF_ERROR(SettlePendingIn(offset, len, /*drop_whole=*/true));
   const Geometry& g = map_->geometry();
   uint64_t pos = 0;
   while (pos < len) {

@@ -263,6 +263,17 @@ ModelOp OpGenerator::DataOp(ModelOp::Kind kind, uint64_t disk_size) {
   ModelOp op;
   op.kind = kind;
   RandomRange(disk_size, &op.offset, &op.length);
+  if (kind == ModelOp::Kind::kWrite && last_write_end_ < disk_size &&
+      rng_.OneIn(3)) {
+    // A stream: small 4 KiB-aligned writes that follow one another (what
+    // deferred copy-on-write waits for), sometimes starting back inside
+    // the last write's 4 KiB.
+    op.offset = last_write_end_ / 4096 * 4096;
+    if (rng_.OneIn(8)) op.offset = last_write_end_;  // unaligned: no stream
+    op.length = std::min<uint64_t>(4096 * rng_.Range(1, 4),
+                                   disk_size - op.offset);
+  }
+  if (kind == ModelOp::Kind::kWrite) last_write_end_ = op.offset + op.length;
   if (kind == ModelOp::Kind::kWrite) op.data_seed = rng_.Next() >> 16;
   if (kind == ModelOp::Kind::kZero) op.unmap = rng_.OneIn(2);
   return op;

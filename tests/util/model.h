@@ -159,6 +159,7 @@ class OpGenerator {
  private:
   TestRng rng_;
   OpGenConfig config_;
+  uint64_t last_write_end_ = ~uint64_t{0};  // none yet
 };
 
 // The op log, numbered, one op a line. With `mark` >= 0 that op is flagged

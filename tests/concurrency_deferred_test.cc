@@ -1,0 +1,355 @@
+// Deferred copy-on-write and byte-range locks (lib/image/qcow2_pending.cc):
+// small writes that follow one another into a fresh overlay with standard
+// L2 entries fill its clusters without reading the backing file; clusters
+// they leave partly covered are filled at the flush; requests that need a
+// whole cluster settle it first; writes into one cluster run side by side.
+// Every image is checked by qemu-img, and read back through it.
+#include <atomic>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "qcow2/image.h"
+#include "qcow2/queue.h"
+#include "tests/util/model.h"
+#include "tests/util/test_util.h"
+
+namespace qcow2 {
+namespace {
+
+using testing::TempDir;
+
+constexpr uint64_t kCluster = 65536;
+constexpr uint64_t kDisk = 8 << 20;
+
+// The backing file's bytes: pseudo-random, no zeros to skip.
+std::vector<uint8_t> BaseBytes() {
+  std::vector<uint8_t> b(kDisk);
+  testing::FillPseudoRandom(0, absl::MakeSpan(b));
+  for (uint8_t& x : b) x |= 1;
+  return b;
+}
+
+// A raw backing file and a fresh overlay over it with standard L2 entries.
+std::unique_ptr<Image> FreshOverlay(const TempDir& dir,
+                                    const std::vector<uint8_t>& base) {
+  EXPECT_OK(testing::WriteFileBytes(dir.File("base.raw"), base));
+  CreateOptions top;
+  top.size = kDisk;
+  top.cluster_size = kCluster;
+  top.extended_l2 = false;
+  top.backing_file = "base.raw";
+  top.backing_format = "raw";
+  EXPECT_OK(CreateImage(dir.File("top.qcow2"), top));
+  OpenOptions rw;
+  rw.read_write = true;
+  auto image = Image::Open(dir.File("top.qcow2"), rw);
+  EXPECT_TRUE(image.ok()) << image.status();
+  return image.ok() ? std::move(*image) : nullptr;
+}
+
+std::vector<uint8_t> Pattern(uint64_t offset, uint64_t len, uint8_t salt) {
+  std::vector<uint8_t> d(len);
+  for (uint64_t i = 0; i < len; ++i) {
+    d[i] = static_cast<uint8_t>(((offset + i) * 131 + salt) >> 3) | 0x80;
+  }
+  return d;
+}
+
+void Put(std::vector<uint8_t>* model, uint64_t offset,
+         const std::vector<uint8_t>& data) {
+  std::copy(data.begin(), data.end(), model->begin() + offset);
+}
+
+void ExpectReads(Image* image, const std::vector<uint8_t>& model,
+                 uint64_t offset, uint64_t len) {
+  std::vector<uint8_t> got(len);
+  ASSERT_OK(image->Read(offset, absl::MakeSpan(got)));
+  ASSERT_EQ(testing::DescribeMismatch(
+                absl::MakeConstSpan(model).subspan(offset, len), got, offset),
+            "");
+}
+
+// qemu-img check finds the image clean and reads `model` from it.
+void ExpectQemuSees(const std::string& path,
+                    const std::vector<uint8_t>& model) {
+  testing::CommandResult check = testing::QemuCheck(path);
+  EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> qemu, testing::QemuReadAll(path));
+  ASSERT_EQ(testing::DescribeMismatch(model, qemu), "");
+}
+
+// Each test starts from a fresh overlay over BaseBytes(); `model_` holds
+// what the disk must read as.
+class DeferredCowTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!testing::HaveQemu()) GTEST_SKIP() << "no qemu-img";
+    model_ = BaseBytes();
+    base_ = model_;
+    image_ = FreshOverlay(dir_, model_);
+    ASSERT_NE(image_, nullptr);
+  }
+
+  // Reads the whole disk back, closes the image, and has qemu-img check
+  // it and read it.
+  void CloseAndVerify() {
+    ExpectReads(image_.get(), model_, 0, kDisk);
+    ASSERT_OK(image_->Close());
+    image_.reset();
+    ExpectQemuSees(dir_.File("top.qcow2"), model_);
+  }
+
+  TempDir dir_;
+  std::vector<uint8_t> model_;
+  std::vector<uint8_t> base_;  // the backing file's bytes
+  std::unique_ptr<Image> image_;
+};
+
+TEST_F(DeferredCowTest, SequentialSmallWritesFillClustersWithoutCopy) {
+  const IoStats before = image_->GetStats();
+  // Eight clusters in 4 KiB steps. The first write starts no stream, so
+  // its cluster is copied at once; every later cluster is entered by a
+  // write that continues the last one, and is filled by the writes alone.
+  for (uint64_t off = 0; off < 8 * kCluster; off += 4096) {
+    std::vector<uint8_t> d = Pattern(off, 4096, 1);
+    ASSERT_OK(image_->Write(off, d));
+    Put(&model_, off, d);
+  }
+  IoStats s = image_->GetStats().Since(before);
+  EXPECT_EQ(s.cluster_allocations, 8u);
+  EXPECT_EQ(s.cow_deferred, 7u);
+  EXPECT_EQ(s.cow_deferred_filled, 0u);
+  EXPECT_EQ(s.cow_read_bytes, kCluster - 4096);  // the first cluster only
+  EXPECT_EQ(s.host_data_write_bytes, 8 * kCluster);
+  ExpectReads(image_.get(), model_, 0, 9 * kCluster);
+
+  // A stream that stops 8 KiB into a cluster: before the flush the rest
+  // of that cluster still reads from the backing file; the flush copies
+  // it (56 KiB) and commits the cluster.
+  const IoStats mid = image_->GetStats();
+  for (uint64_t off = 8 * kCluster; off < 8 * kCluster + 8192; off += 4096) {
+    std::vector<uint8_t> d = Pattern(off, 4096, 2);
+    ASSERT_OK(image_->Write(off, d));
+    Put(&model_, off, d);
+  }
+  ExpectReads(image_.get(), model_, 7 * kCluster, 3 * kCluster);
+  ASSERT_OK_AND_ASSIGN(BlockStatus st,
+                       image_->GetBlockStatus(8 * kCluster, kCluster));
+  EXPECT_EQ(st.length, 8192u);
+  ASSERT_OK(image_->Flush());
+  s = image_->GetStats().Since(mid);
+  EXPECT_EQ(s.cow_deferred, 1u);
+  EXPECT_EQ(s.cow_deferred_filled, 1u);
+  EXPECT_EQ(s.cow_read_bytes, kCluster - 8192);
+  CloseAndVerify();
+}
+
+TEST_F(DeferredCowTest, WholeClusterRequestsSettlePendingClustersFirst) {
+  // Leave clusters 2..6 pending, each with its first 4 KiB written by a
+  // stream, then hit each with a request that needs the whole cluster.
+  uint64_t end = 2 * kCluster - 4096;
+  ASSERT_OK(image_->Write(end, Pattern(end, 4096, 3)));
+  Put(&model_, end, Pattern(end, 4096, 3));
+  for (uint64_t c = 2; c <= 6; ++c) {
+    const uint64_t off = c * kCluster;
+    std::vector<uint8_t> d = Pattern(off, 4096, 4);
+    ASSERT_OK(image_->Write(off, d));
+    Put(&model_, off, d);
+    // Continue the stream from the next cluster's start.
+    if (c < 6) {
+      const uint64_t tail = (c + 1) * kCluster - 4096;
+      ASSERT_OK(image_->Write(tail, Pattern(tail, 4096, 5)));
+      Put(&model_, tail, Pattern(tail, 4096, 5));
+    }
+  }
+  const IoStats before = image_->GetStats();
+  // Unaligned write (whole-cluster lock).
+  std::vector<uint8_t> odd = Pattern(2 * kCluster + 5000, 300, 6);
+  ASSERT_OK(image_->Write(2 * kCluster + 5000, odd));
+  Put(&model_, 2 * kCluster + 5000, odd);
+  // Write-zeroes inside a cluster, over a whole one, discard of one.
+  ASSERT_OK(image_->WriteZeroes(3 * kCluster + 4096, 8192, false));
+  std::fill_n(model_.begin() + 3 * kCluster + 4096, 8192, 0);
+  ASSERT_OK(image_->WriteZeroes(4 * kCluster, kCluster, true));
+  std::fill_n(model_.begin() + 4 * kCluster, kCluster, 0);
+  ASSERT_OK(image_->Discard(5 * kCluster, kCluster));
+  std::fill_n(model_.begin() + 5 * kCluster, kCluster, 0);
+  // A write spanning two clusters, one of them pending.
+  std::vector<uint8_t> span = Pattern(6 * kCluster - 4096, 12288, 7);
+  ASSERT_OK(image_->Write(6 * kCluster - 4096, span));
+  Put(&model_, 6 * kCluster - 4096, span);
+  // Clusters 2, 3 and 6 are filled; 4 and 5, zeroed and discarded whole,
+  // are dropped without a copy.
+  const IoStats s = image_->GetStats().Since(before);
+  EXPECT_EQ(s.cow_deferred_filled, 3u);
+  CloseAndVerify();
+}
+
+// Submits `n` requests through `submit(i, done)` keeping up to `depth` in
+// flight, and polls until all have completed with OK.
+template <typename Submit>
+void RunQueued(Queue* q, int n, int depth, Submit submit) {
+  std::atomic<int> done{0}, failed{0};
+  int next = 0;
+  while (done.load() < n) {
+    while (next < n && next - done.load() < depth) {
+      ASSERT_OK(submit(next, [&](absl::Status s) {
+        if (!s.ok()) {
+          ADD_FAILURE() << s;
+          failed++;
+        }
+        done++;
+      }));
+      ++next;
+    }
+    q->Poll(1);
+  }
+  EXPECT_EQ(failed.load(), 0);
+}
+
+TEST_F(DeferredCowTest, QueuedSequentialWritesShareEachCluster) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Queue> q, image_->CreateQueue());
+  const IoStats before = image_->GetStats();
+  // 4 MiB in 4 KiB writes, 32 in flight: writes into one cluster run side
+  // by side, and only the first cluster is copied.
+  const int n = static_cast<int>((4 << 20) / 4096);
+  std::vector<std::vector<uint8_t>> bufs(n);
+  for (int i = 0; i < n; ++i) {
+    bufs[i] = Pattern(uint64_t{4096} * i, 4096, 8);
+    Put(&model_, uint64_t{4096} * i, bufs[i]);
+  }
+  RunQueued(q.get(), n, 32, [&](int i, Completion done) {
+    return q->SubmitWrite(uint64_t{4096} * i, bufs[i], std::move(done));
+  });
+  RunQueued(q.get(), 1, 1, [&](int, Completion done) {
+    return q->SubmitFlush(std::move(done));
+  });
+  const IoStats s = image_->GetStats().Since(before);
+  EXPECT_EQ(s.cluster_allocations, (4u << 20) / kCluster);
+  EXPECT_EQ(s.cow_deferred_filled, 0u);
+  EXPECT_LE(s.cow_read_bytes, kCluster);
+  EXPECT_GE(s.cow_deferred, (4u << 20) / kCluster - 2);
+  q.reset();
+  CloseAndVerify();
+}
+
+// A flush does not wait for writes in flight into a pending cluster (they
+// may belong to a queue nobody polls until the flush returns): it writes
+// their bytes itself, fills the rest and commits the cluster.
+TEST_F(DeferredCowTest, FlushCommitsPendingClustersWithWritesInFlight) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Queue> q, image_->CreateQueue());
+  const std::vector<uint8_t> first = Pattern(kCluster - 4096, 4096, 20);
+  ASSERT_OK(image_->Write(kCluster - 4096, first));
+  Put(&model_, kCluster - 4096, first);
+  // Continues the stream into cluster 1: deferred, and left in flight.
+  const std::vector<uint8_t> second = Pattern(kCluster, 8192, 21);
+  Put(&model_, kCluster, second);
+  std::atomic<bool> done{false};
+  ASSERT_OK(q->SubmitWrite(kCluster, second, [&](absl::Status s) {
+    EXPECT_OK(s);
+    done = true;
+  }));
+  const IoStats before = image_->GetStats();
+  ASSERT_OK(image_->Flush());  // same thread: the queue is not polled
+  const IoStats s = image_->GetStats().Since(before);
+  EXPECT_EQ(s.cow_deferred_filled, 1u);
+  EXPECT_EQ(s.cow_read_bytes, kCluster - 8192);
+  while (!done.load()) q->Poll(1);
+  q.reset();
+  CloseAndVerify();
+}
+
+// Several threads, each with its own queue, stream small writes into
+// interleaved clusters while another reads and flushes: every read sees
+// either the backing file's bytes or the one write's bytes, and the final
+// image_ is what the writes made it.
+TEST_F(DeferredCowTest, StreamsReadsAndFlushesFromManyQueues) {
+  constexpr int kWriters = 3;
+  constexpr uint64_t kRegion = 2 << 20;  // each writer's share
+  std::vector<std::vector<uint8_t>> data(kWriters);
+  for (int w = 0; w < kWriters; ++w) {
+    // Writer w streams 4..12 KiB writes through [w * kRegion, +kRegion),
+    // skipping every fifth cluster's second half (left for the flush).
+    data[w] = Pattern(w * kRegion, kRegion, static_cast<uint8_t>(9 + w));
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<int> bad_reads{0};
+  std::vector<std::thread> threads;
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> written(kWriters);
+  for (int w = 0; w < kWriters; ++w) {
+    threads.emplace_back([&, w] {
+      auto q = image_->CreateQueue();
+      ASSERT_TRUE(q.ok());
+      std::vector<std::pair<uint64_t, uint64_t>> ops;
+      testing::TestRng rng(77 + w);
+      for (uint64_t off = 0; off < kRegion;) {
+        const uint64_t len = 4096 * rng.Range(1, 3);
+        const uint64_t c = off / kCluster;
+        if (c % 5 == 4 && off % kCluster >= kCluster / 2) {
+          off = (c + 1) * kCluster;
+          continue;
+        }
+        ops.push_back({off, std::min(len, kRegion - off)});
+        off += len;
+      }
+      written[w] = ops;
+      RunQueued(q->get(), static_cast<int>(ops.size()), 16,
+                [&](int i, Completion done) {
+                  const auto [off, len] = ops[i];
+                  return (*q)->SubmitWrite(
+                      w * kRegion + off,
+                      absl::MakeConstSpan(data[w]).subspan(off, len),
+                      std::move(done));
+                });
+    });
+  }
+  threads.emplace_back([&] {
+    auto q = image_->CreateQueue();
+    ASSERT_TRUE(q.ok());
+    testing::TestRng rng(5);
+    std::vector<uint8_t> buf(3 * 4096);
+    while (!stop.load()) {
+      const uint64_t off = rng.Uniform(kWriters * kRegion / 4096 - 3) * 4096;
+      std::atomic<bool> done{false};
+      ASSERT_OK((*q)->SubmitRead(off, absl::MakeSpan(buf),
+                                 [&](absl::Status s) {
+                                   EXPECT_OK(s);
+                                   done = true;
+                                 }));
+      while (!done.load()) (*q)->Poll(1);
+      for (uint64_t i = 0; i < buf.size(); i += 4096) {
+        const uint64_t at = off + i;
+        const uint64_t w = at / kRegion;
+        const bool is_base = std::equal(buf.begin() + i, buf.begin() + i + 4096,
+                                        base_.begin() + at);
+        const bool is_new =
+            std::equal(buf.begin() + i, buf.begin() + i + 4096,
+                       data[w].begin() + (at - w * kRegion));
+        if (!is_base && !is_new) bad_reads++;
+      }
+      if (rng.OneIn(8)) {
+        std::atomic<bool> flushed{false};
+        ASSERT_OK((*q)->SubmitFlush([&](absl::Status s) {
+          EXPECT_OK(s);
+          flushed = true;
+        }));
+        while (!flushed.load()) (*q)->Poll(1);
+      }
+    }
+  });
+  for (int w = 0; w < kWriters; ++w) threads[w].join();
+  stop = true;
+  threads.back().join();
+  EXPECT_EQ(bad_reads.load(), 0);
+  for (int w = 0; w < kWriters; ++w) {
+    for (const auto& [off, len] : written[w]) {
+      std::copy_n(data[w].begin() + off, len,
+                  model_.begin() + w * kRegion + off);
+    }
+  }
+  ASSERT_OK(image_->Flush());
+  CloseAndVerify();
+}
+
+}  // namespace
+}  // namespace qcow2
