@@ -265,7 +265,7 @@ TEST(BenchCliTest, RmwRowsAndBaselines) {
   json::Value v = RunJson(dir, {"rmw", "--image-size=8M", "--depth=3",
                                 "--count=200", "--time=0.2", "--repeat=3"});
   const json::Value& rows = v["rows"];
-  ASSERT_EQ(rows.size(), 2u * 4 + 2);
+  ASSERT_EQ(rows.size(), 2u * 4 + 3 + 2);
   auto iops_of = [&](size_t i) { return Num(rows[i], "iops"); };
   for (size_t b = 0; b < 2; ++b) {
     const uint64_t bs = b == 0 ? 4096 : 65536;
@@ -304,14 +304,35 @@ TEST(BenchCliTest, RmwRowsAndBaselines) {
                   1e-9);
     }
   }
-  EXPECT_EQ(rows[8]["depth"].as_uint64(), 0u);
-  EXPECT_EQ(rows[9]["depth"].as_uint64(), 3u);
-  EXPECT_TRUE(rows[8]["ratio_vs_baseline"].is_null());
-  EXPECT_NEAR(Num(rows[9], "ratio_vs_baseline"), iops_of(9) / iops_of(8),
-              1e-3 * Num(rows[9], "ratio_vs_baseline"));
+  // Sequential 4 KiB writes (200 of them: 12.5 clusters). With standard
+  // L2 only the first cluster is copied on its first write (60 KiB) and
+  // the half-written last one at the flush (32 KiB): each cluster between
+  // is filled by the writes alone.
+  for (size_t i = 8; i < 11; ++i) {
+    EXPECT_EQ(rows[i]["pattern"].as_string(), "sequential");
+    EXPECT_EQ(rows[i]["bs"].as_uint64(), 4096u);
+    EXPECT_EQ(rows[i]["ops"].as_uint64(), 200u);
+    CheckRow(rows[i], "write");
+  }
+  EXPECT_EQ(rows[0]["pattern"].as_string(), "random");
+  EXPECT_FALSE(rows[8]["extended_l2"].as_bool());
+  EXPECT_TRUE(rows[9]["extended_l2"].as_bool());
+  EXPECT_EQ(rows[10]["target"].as_string(), "allocated");
+  EXPECT_NEAR(Num(rows[8], "cow_read_per_guest_byte"),
+              (61440.0 + 32768) / (200 * 4096), 1e-9);
+  EXPECT_EQ(Num(rows[9], "cow_read_per_guest_byte"), 0);
+  for (size_t i : {8u, 9u}) {
+    EXPECT_NEAR(Num(rows[i], "ratio_vs_baseline"), iops_of(i) / iops_of(10),
+                1e-3 * Num(rows[i], "ratio_vs_baseline"));
+  }
+  EXPECT_EQ(rows[11]["depth"].as_uint64(), 0u);
+  EXPECT_EQ(rows[12]["depth"].as_uint64(), 3u);
+  EXPECT_TRUE(rows[11]["ratio_vs_baseline"].is_null());
+  EXPECT_NEAR(Num(rows[12], "ratio_vs_baseline"), iops_of(12) / iops_of(11),
+              1e-3 * Num(rows[12], "ratio_vs_baseline"));
   // Each read row is the median of three rounds, inside their spread.
   EXPECT_EQ(v["params"]["read_rounds"].as_uint64(), 3u);
-  for (size_t i : {8u, 9u}) {
+  for (size_t i : {11u, 12u}) {
     CheckRow(rows[i], "read");
     EXPECT_EQ(rows[i]["runs"].as_uint64(), 3u);
     EXPECT_LE(Num(rows[i], "iops_min"), iops_of(i));

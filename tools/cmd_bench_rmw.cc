@@ -9,6 +9,9 @@
 //     afterwards), then the same writes into a fully allocated image (the
 //     base itself, whose clusters are all its own), and into a fresh
 //     sparse raw file (what the file system alone charges for new blocks);
+//   - 4 KiB sequential writes into a fresh overlay (standard and extended
+//     L2) and into the allocated image: small writes that follow one
+//     another fill each new cluster with no copy (deferred copy-on-write);
 //   - 4 KiB random reads of the base alone (depth 0) and of the top of the
 //     stacked chain (depth N), in --repeat rounds of both (each round
 //     opens the images afresh, so a round pays for a cold chain again);
@@ -74,6 +77,7 @@ struct Cell {
   uint64_t bs;
   std::optional<bool> extended_l2;  // fresh overlays only
   int depth = 0;
+  bool sequential = false;
 };
 
 // Runs `c` on `image` with random offsets from `seed` and appends its row.
@@ -84,7 +88,8 @@ absl::Status Measure(Env& env, Image& image, const Params& p, const Cell& c,
   spec.op = c.op;
   spec.qd = p.qd;
   spec.max_len = static_cast<uint32_t>(c.bs);
-  spec.next = RandomRequests(0, p.size, spec.max_len, seed);
+  spec.next = c.sequential ? SequentialRequests(0, p.size, spec.max_len)
+                           : RandomRequests(0, p.size, spec.max_len, seed);
   if (c.op == Op::kWrite) {
     spec.count = p.writes;
     spec.flush = true;  // metadata written back inside the timed span
@@ -104,6 +109,7 @@ absl::Status Measure(Env& env, Image& image, const Params& p, const Cell& c,
       .Set("bs", Value::Uint(c.bs))
       .Set("qd", Value::Uint(p.qd))
       .Set("depth", Value::Uint(c.depth))
+      .Set("pattern", Value::Str(c.sequential ? "sequential" : "random"))
       .Set("extended_l2",
            c.extended_l2 ? Value::Bool(*c.extended_l2) : Value());
   AddRateColumns(*r, &row);
@@ -131,8 +137,12 @@ std::optional<double> BaselineIops(const std::vector<Record>& rows,
                                    const Record& row) {
   const std::string op = row.Find("op")->str();
   const double bs = row.Find("bs")->number();
+  const std::string pattern = row.Find("pattern")->str();
   for (const Record& o : rows) {
-    if (o.Find("op")->str() != op || o.Find("bs")->number() != bs) continue;
+    if (o.Find("op")->str() != op || o.Find("bs")->number() != bs ||
+        o.Find("pattern")->str() != pattern) {
+      continue;
+    }
     const std::string t = o.Find("target")->str();
     if ((op == "write" && t == "allocated") ||
         (op == "read" && o.Find("depth")->number() == 0)) {
@@ -198,45 +208,55 @@ absl::Status RunRmw(Env& env, Report* report) {
   if (!paths.ok()) return paths.status();
   const std::string& base_path = (*paths)[0];
 
-  const size_t total = p->bs.size() * 4 + 2 * p->read_rounds;
+  const size_t total = p->bs.size() * 4 + 3 + 2 * p->read_rounds;
   size_t done = 0;
   auto label = [&](const Cell& c) {
     return absl::StrFormat(
-        "[%u/%u] %s %s %s%s", ++done, total, OpName(c.op),
-        FormatBlockSize(c.bs), c.target,
+        "[%u/%u] %s %s%s %s%s", ++done, total, OpName(c.op),
+        FormatBlockSize(c.bs), c.sequential ? " sequential" : "", c.target,
         c.extended_l2 ? (*c.extended_l2 ? " (extended L2)" : " (standard L2)")
                       : "");
   };
   std::string engine;
+  // Writes into a new overlay over the base, deleted afterwards.
+  auto fresh_cell = [&](const Cell& c) -> absl::Status {
+    CreateOptions fresh;
+    fresh.cluster_size = p->cluster;
+    fresh.extended_l2 = *c.extended_l2;
+    fresh.backing_file = env.scratch->BaseName("base.qcow2");
+    fresh.backing_format = "qcow2";
+    const std::string path = env.scratch->Path("fresh.qcow2");
+    auto image = CreateBenchImage(path, fresh, env.direct);
+    if (!image.ok()) return image.status();
+    if (engine.empty()) engine = EngineName(**image);
+    absl::Status s = Measure(env, **image, *p, c, label(c),
+                             env.opts.seed + report->rows.size(), report);
+    if (s.ok()) s = (*image)->Close();
+    image->reset();
+    if (s.ok()) s = env.scratch->Remove(path);
+    return s;
+  };
+  // The base is written everywhere: every write lands in its own cluster.
+  // (Its contents change; later cells do not depend on them.)
+  auto allocated_cell = [&](const Cell& c) -> absl::Status {
+    auto image = OpenBenchImage(base_path, env.direct, true, "qcow2");
+    if (!image.ok()) return image.status();
+    absl::Status s = Measure(env, **image, *p, c, label(c),
+                             env.opts.seed + report->rows.size(), report);
+    if (s.ok()) s = (*image)->Close();
+    return s;
+  };
   for (uint64_t bs : p->bs) {
     for (bool xl2 : {false, true}) {
-      CreateOptions fresh;
-      fresh.cluster_size = p->cluster;
-      fresh.extended_l2 = xl2;
-      fresh.backing_file = env.scratch->BaseName("base.qcow2");
-      fresh.backing_format = "qcow2";
-      const std::string path = env.scratch->Path("fresh.qcow2");
-      auto image = CreateBenchImage(path, fresh, env.direct);
-      if (!image.ok()) return image.status();
-      if (engine.empty()) engine = EngineName(**image);
-      const Cell c{"fresh overlay", Op::kWrite, bs, xl2};
-      absl::Status s = Measure(env, **image, *p, c, label(c),
-                               env.opts.seed + report->rows.size(), report);
-      if (s.ok()) s = (*image)->Close();
-      image->reset();
-      if (s.ok()) s = env.scratch->Remove(path);
-      if (!s.ok()) return s;
+      if (absl::Status s = fresh_cell({"fresh overlay", Op::kWrite, bs, xl2});
+          !s.ok()) {
+        return s;
+      }
     }
-    {
-      // The base is written everywhere: every write lands in its own
-      // cluster. (Its contents change; later cells do not depend on them.)
-      auto image = OpenBenchImage(base_path, env.direct, true, "qcow2");
-      if (!image.ok()) return image.status();
-      const Cell c{"allocated", Op::kWrite, bs, std::nullopt};
-      absl::Status s = Measure(env, **image, *p, c, label(c),
-                               env.opts.seed + report->rows.size(), report);
-      if (s.ok()) s = (*image)->Close();
-      if (!s.ok()) return s;
+    if (absl::Status s =
+            allocated_cell({"allocated", Op::kWrite, bs, std::nullopt});
+        !s.ok()) {
+      return s;
     }
     // What the file system charges for writing into blocks it has not
     // allocated yet, with no qcow2 at all: a fresh sparse raw file.
@@ -253,6 +273,18 @@ absl::Status RunRmw(Env& env, Report* report) {
     image->reset();
     if (s.ok()) s = env.scratch->Remove(raw_path);
     if (!s.ok()) return s;
+  }
+  // Small sequential writes: with standard L2 entries each new cluster
+  // would otherwise be copied on its first write.
+  for (bool xl2 : {false, true}) {
+    Cell c{"fresh overlay", Op::kWrite, kReadSize, xl2};
+    c.sequential = true;
+    if (absl::Status s = fresh_cell(c); !s.ok()) return s;
+  }
+  {
+    Cell c{"allocated", Op::kWrite, kReadSize, std::nullopt};
+    c.sequential = true;
+    if (absl::Status s = allocated_cell(c); !s.ok()) return s;
   }
   // Rounds of (depth 0, depth N), both reading the same offsets in a
   // round, so that a drift of the device lands on both alike.
@@ -294,6 +326,8 @@ absl::Status RunRmw(Env& env, Report* report) {
       if (k == "bs") {
         human.Set(k, Value::Str(FormatBlockSize(static_cast<uint64_t>(
                          v.number()))));
+      } else if (k == "pattern") {
+        human.Set(k, Value::Str(v.str() == "sequential" ? "seq" : "rand"));
       } else if (k == "extended_l2") {
         human.Set("l2", Value::Str(v.is_null()              ? "-"
                                    : v.ToJson() == "true" ? "ext"
@@ -307,6 +341,7 @@ absl::Status RunRmw(Env& env, Report* report) {
   report->columns = {
       {"op", "op", 0, true},
       {"bs", "bs"},
+      {"pattern", "pattern", 0, true},
       {"target", "target", 0, true},
       {"l2", "l2", 0, true},
       {"IOPS", "iops", 0},
