@@ -95,8 +95,13 @@ void Chain::SetLockRange(Request* r, bool fine) const {
 bool Chain::WidenLock(Request* r) {
   SetLockRange(r, false);
   r->lock_granted = CanGrant(r);
-  if (!r->lock_granted) r->miss_parked = true;
-  return r->lock_granted;
+  if (r->lock_granted) return true;
+  r->miss_parked = true;
+  // r gave up what it held: earlier requests that waited only for it
+  // (they could not go on while a later request held an overlapping
+  // range) may go on now, and r waits for them.
+  GrantWaiters();
+  return false;
 }
 
 bool Chain::Begin(Request* r) {

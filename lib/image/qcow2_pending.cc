@@ -50,12 +50,19 @@ Qcow2Layer::FineKind Qcow2Layer::ClassifyFine(uint64_t cluster,
       // A preallocated zero cluster gets zeros written around the data.
       return (entry & kOflagZero) ? FineKind::kNone : FineKind::kInPlace;
     }
+    // Every subcluster touched is ours, or covered whole (then the commit
+    // sets its bits in the bitmap as it stands then: writes into other
+    // subclusters may set theirs meanwhile).
     const int sc0 = static_cast<int>(in_cluster / g.subcluster_size);
     const int sc1 =
         static_cast<int>((in_cluster + len - 1) / g.subcluster_size);
     for (int sc = sc0; sc <= sc1; ++sc) {
-      if (ClassifySubcluster(entry, bitmap, true, sc) !=
-          SubclusterType::kNormal) {
+      const SubclusterType t = ClassifySubcluster(entry, bitmap, true, sc);
+      if (t == SubclusterType::kNormal) continue;
+      const bool whole = sc * g.subcluster_size >= in_cluster &&
+                         (sc + 1) * g.subcluster_size <= in_cluster + len;
+      if (!whole || t == SubclusterType::kInvalid ||
+          t == SubclusterType::kCompressed) {
         return FineKind::kNone;
       }
     }

@@ -244,11 +244,16 @@ absl::Status Qcow2Layer::PlanSubclusters(const L2Ref& ref, uint64_t entry,
   plan->writes.push_back(std::move(op));
   if (fresh || (alloc & mask) != mask || (zero & mask) != 0 ||
       !(entry & kOflagCopied)) {
-    const uint64_t new_bitmap =
-        uint64_t{alloc | mask} | (uint64_t{zero & ~mask} << 32);
-    plan->commits.push_back([this, ref = L2Ref(ref), host, new_bitmap]() mutable {
+    plan->commits.push_back([this, ref = L2Ref(ref), host, mask]() mutable {
       RETURN_IF_ERROR(OrderL2AfterAllocation());
-      ref.Set(host | kOflagCopied, new_bitmap);
+      // From the bitmap as it stands now: writes into other subclusters
+      // of a cluster we own may have committed since this one was planned
+      // (they hold only their own bytes).
+      const uint64_t now = ref.bitmap();
+      const uint32_t now_alloc = static_cast<uint32_t>(now) | mask;
+      const uint32_t now_zero = static_cast<uint32_t>(now >> 32) & ~mask;
+      ref.Set(host | kOflagCopied,
+              uint64_t{now_alloc} | (uint64_t{now_zero} << 32));
       NoteDataWritten(host);
       return absl::OkStatus();
     });

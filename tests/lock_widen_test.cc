@@ -1,0 +1,132 @@
+// The lock list when writes that held only their own bytes must widen to
+// whole clusters (Chain::WidenLock), driven step by step through the
+// engine's internal API with waiters that only record wake-ups.
+#include <memory>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "lib/chain/chain.h"
+#include "lib/engine/plan.h"
+#include "lib/engine/request.h"
+#include "lib/image/qcow2_layer.h"
+#include "qcow2/file.h"
+#include "qcow2/image.h"
+#include "tests/util/test_util.h"
+
+namespace qcow2 {
+namespace {
+
+using internal::Chain;
+using internal::Qcow2Layer;
+using internal::Request;
+
+class CountingWaiter : public internal::Waiter {
+ public:
+  void Wake(Request*) override { ++wakes; }
+  int wakes = 0;
+};
+
+constexpr uint64_t kCluster = 65536;
+
+void MakeWrite(Request* r, uint64_t offset, const std::vector<uint8_t>& data,
+               CountingWaiter* waiter) {
+  r->kind = Request::kWrite;
+  r->offset = offset;
+  r->len = data.size();
+  r->wbuf = data.data();
+  r->waiter = waiter;
+}
+
+// Reads what r's planning deferred (as an executor would), runs its
+// planned I/O and finishes it.
+void RunAndFinish(Chain* chain, Request* r) {
+  while (r->miss_cache != nullptr) {
+    r->status = internal::RunOp(r->miss_op, false);
+    chain->LoadMiss(r);
+  }
+  ASSERT_OK(r->status);
+  ASSERT_FALSE(r->miss_parked);
+  r->status = internal::RunPlanIo(r->plan, &r->stats);
+  ASSERT_OK(r->status);
+  chain->Finish(r);
+}
+
+// Two writes into one cluster wait behind a request that holds the whole
+// cluster, each holding only its own bytes. When it is done both are
+// granted, and both then find that they need the whole cluster (here: its
+// L2 slice left the cache meanwhile, so the byte-range lock can no longer
+// be justified). The first waits for the second, which holds an
+// overlapping range; the second, widening too, gives its range up and
+// must let the first go on rather than wait for it forever.
+TEST(LockWidenTest, TwoWritesWideningTogetherBothGoOn) {
+  testing::TempDir dir;
+  CreateOptions co;
+  co.size = 8 << 20;
+  co.cluster_size = kCluster;
+  const std::string path = dir.File("img.qcow2");
+  ASSERT_OK(CreateImage(path, co));
+  OpenOptions oo;
+  oo.read_write = true;
+  oo.l2_slice_bytes = 512;  // 64 entries a slice
+  {
+    // Cluster 63 (the last of slice 0) is ours; 64 (slice 1) is not.
+    ASSERT_OK_AND_ASSIGN(auto image, Image::Open(path, oo));
+    ASSERT_OK(image->Write(63 * kCluster, std::vector<uint8_t>(kCluster, 1)));
+    ASSERT_OK(image->Close());
+  }
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<File> file, OpenPosixFile(path, FileOptions{.read_only = false}));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Chain> chain,
+                       Chain::Open(std::move(file), oo));
+  auto* top = dynamic_cast<Qcow2Layer*>(chain->layer(0));
+  ASSERT_NE(top, nullptr);
+
+  std::vector<uint8_t> warm(2 * kCluster);  // both slices into the cache
+  ASSERT_OK(chain->Read(63 * kCluster, absl::MakeSpan(warm)));
+
+  // D: unaligned, over clusters 63 and 64; 64 needs a new cluster, so D
+  // holds both whole.
+  CountingWaiter wd, we, ww;
+  const std::vector<uint8_t> dd(2 * 4096, 2), de(4096, 3), dw(4096, 4);
+  Request d, e, w;
+  MakeWrite(&d, 64 * kCluster - 4096 + 1, dd, &wd);
+  ASSERT_TRUE(chain->Begin(&d));
+  ASSERT_OK(d.status);
+  EXPECT_FALSE(d.lock_fine);
+  // E and W: in place into cluster 63, own bytes only, behind D.
+  MakeWrite(&e, 63 * kCluster, de, &we);
+  MakeWrite(&w, 63 * kCluster + 8192, dw, &ww);
+  EXPECT_FALSE(chain->Begin(&e));
+  EXPECT_FALSE(chain->Begin(&w));
+  EXPECT_TRUE(e.lock_fine);
+  EXPECT_TRUE(w.lock_fine);
+  // Slice 0 leaves the cache (it is clean; D pins only slice 1).
+  ASSERT_OK_AND_ASSIGN(uint64_t table, top->cluster_map().L2TableFor(63));
+  top->cluster_map().l2_cache().Invalidate(table, 512);
+
+  RunAndFinish(chain.get(), &d);
+  EXPECT_EQ(we.wakes, 1);
+  EXPECT_EQ(ww.wakes, 1);
+  chain->Plan(&e);  // widens; W holds an overlapping range: E waits
+  EXPECT_TRUE(e.miss_parked);
+  EXPECT_FALSE(e.lock_fine);
+  chain->Plan(&w);  // widens; waits for E, and E may go on now
+  EXPECT_TRUE(w.miss_parked);
+  EXPECT_EQ(we.wakes, 2);
+  chain->Plan(&e);
+  RunAndFinish(chain.get(), &e);
+  EXPECT_EQ(ww.wakes, 2);
+  chain->Plan(&w);
+  RunAndFinish(chain.get(), &w);
+
+  std::vector<uint8_t> got(kCluster);
+  ASSERT_OK(chain->Read(63 * kCluster, absl::MakeSpan(got)));
+  std::vector<uint8_t> want(kCluster, 1);
+  std::fill_n(want.begin(), 4096, 3);
+  std::fill_n(want.begin() + 8192, 4096, 4);
+  std::fill_n(want.begin() + kCluster - 4096 + 1, 4095, 2);
+  EXPECT_EQ(got, want);
+  ASSERT_OK(chain->Close());
+}
+
+}  // namespace
+}  // namespace qcow2
