@@ -5,6 +5,7 @@
 // whole cluster settle it first; writes into one cluster run side by side.
 // Every image is checked by qemu-img, and read back through it.
 #include <atomic>
+#include <filesystem>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -29,14 +30,17 @@ std::vector<uint8_t> BaseBytes() {
   return b;
 }
 
-// A raw backing file and a fresh overlay over it with standard L2 entries.
+// A raw backing file and a fresh overlay over it (standard L2 entries
+// unless `extended_l2`).
 std::unique_ptr<Image> FreshOverlay(const TempDir& dir,
-                                    const std::vector<uint8_t>& base) {
+                                    const std::vector<uint8_t>& base,
+                                    bool extended_l2 = false) {
   EXPECT_OK(testing::WriteFileBytes(dir.File("base.raw"), base));
+  std::filesystem::remove(dir.File("top.qcow2"));
   CreateOptions top;
   top.size = kDisk;
   top.cluster_size = kCluster;
-  top.extended_l2 = false;
+  top.extended_l2 = extended_l2;
   top.backing_file = "base.raw";
   top.backing_format = "raw";
   EXPECT_OK(CreateImage(dir.File("top.qcow2"), top));
@@ -230,6 +234,73 @@ TEST_F(DeferredCowTest, QueuedSequentialWritesShareEachCluster) {
   EXPECT_LE(s.cow_read_bytes, kCluster);
   EXPECT_GE(s.cow_deferred, (4u << 20) / kCluster - 2);
   q.reset();
+  CloseAndVerify();
+}
+
+// With extended L2 nothing is copied anyway; the new cluster's L2 entry
+// waits only for the writes in flight into it, so a stream's writes into
+// one cluster need not wait for the first. Subclusters the stream did not
+// cover keep what they were (here: zeros, and the backing file).
+TEST_F(DeferredCowTest, ExtendedL2StreamsDeferOnlyTheEntry) {
+  image_.reset();
+  image_ = FreshOverlay(dir_, model_, /*extended_l2=*/true);
+  ASSERT_NE(image_, nullptr);
+  ASSERT_OK(image_->WriteZeroes(2 * kCluster + 8192, 8192, false));
+  std::fill_n(model_.begin() + 2 * kCluster + 8192, 8192, 0);
+  const IoStats before = image_->GetStats();
+  for (uint64_t off = 2 * kCluster - 4096; off < 2 * kCluster + 8192;
+       off += 4096) {
+    std::vector<uint8_t> d = Pattern(off, 4096, 30);
+    ASSERT_OK(image_->Write(off, d));
+    Put(&model_, off, d);
+  }
+  IoStats s = image_->GetStats().Since(before);
+  EXPECT_EQ(s.cow_deferred, 1u);  // cluster 2, entered by the stream
+  EXPECT_EQ(s.cow_read_bytes, 0u);
+  ExpectReads(image_.get(), model_, kCluster, 3 * kCluster);
+  ASSERT_OK_AND_ASSIGN(BlockStatus st,
+                       image_->GetBlockStatus(2 * kCluster + 8192, 8192));
+  EXPECT_TRUE(st.zero);
+
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Queue> q, image_->CreateQueue());
+  // Reads of a cluster while a deferred write into it is in flight: the
+  // subclusters it does not cover read as the old entry says (zeros where
+  // it says so, the backing file elsewhere).
+  ASSERT_OK(image_->WriteZeroes(3 * kCluster + 8192, 8192, false));
+  std::fill_n(model_.begin() + 3 * kCluster + 8192, 8192, 0);
+  const std::vector<uint8_t> edge = Pattern(3 * kCluster - 4096, 4096, 32);
+  ASSERT_OK(image_->Write(3 * kCluster - 4096, edge));
+  Put(&model_, 3 * kCluster - 4096, edge);
+  const std::vector<uint8_t> held = Pattern(3 * kCluster, 4096, 33);
+  std::atomic<bool> held_done{false};
+  ASSERT_OK(q->SubmitWrite(3 * kCluster, held, [&](absl::Status st) {
+    EXPECT_OK(st);
+    held_done = true;
+  }));
+  ExpectReads(image_.get(), model_, 3 * kCluster + 4096, kCluster - 4096);
+  while (!held_done.load()) q->Poll(1);
+  Put(&model_, 3 * kCluster, held);
+
+  // Through a queue, 32 in flight: every cluster after the first is
+  // deferred, none is filled, nothing is read.
+  const uint64_t start = 4 * kCluster;
+  const int n = 256;  // 1 MiB
+  std::vector<std::vector<uint8_t>> bufs(n);
+  for (int i = 0; i < n; ++i) {
+    bufs[i] = Pattern(start + uint64_t{4096} * i, 4096, 31);
+    Put(&model_, start + uint64_t{4096} * i, bufs[i]);
+  }
+  const IoStats mid = image_->GetStats();
+  RunQueued(q.get(), n, 32, [&](int i, Completion done) {
+    return q->SubmitWrite(start + uint64_t{4096} * i, bufs[i],
+                          std::move(done));
+  });
+  q.reset();
+  ASSERT_OK(image_->Flush());
+  s = image_->GetStats().Since(mid);
+  EXPECT_EQ(s.cow_read_bytes, 0u);
+  EXPECT_EQ(s.cow_deferred_filled, 0u);
+  EXPECT_GE(s.cow_deferred, 14u);
   CloseAndVerify();
 }
 

@@ -52,10 +52,9 @@ struct Op {
   uint8_t byte = 0;  // pattern for writes
 };
 
-// Whether small writes into fresh clusters may defer their copy-on-write.
-bool DefersCow(const Config& c) {
-  return !c.extended_l2 && c.cluster_size >= 16384;
-}
+// Whether small writes into fresh clusters may defer their L2 entry (and
+// with standard L2 their copy-on-write).
+bool DefersCow(const Config& c) { return c.cluster_size >= 16384; }
 
 std::vector<Op> Workload(const Config& c) {
   const uint64_t cs = c.cluster_size;
@@ -69,6 +68,8 @@ std::vector<Op> Workload(const Config& c) {
     // two flushes: it starts in place at the end of cluster 5 (ours since
     // the write above), fills cluster 6 by the writes alone and cluster 7
     // half; the flush copies the rest of cluster 7 from the backing file.
+    // (With extended L2 nothing is copied: each write that enters a
+    // cluster defers only its L2 entry, until it completes.)
     for (uint64_t off = 6 * cs - 16384; off < 7 * cs + cs / 2;
          off += 16384) {
       ops.push_back({Op::kWrite, off, 16384,
@@ -408,8 +409,10 @@ TEST_P(CrashTest, PowerCutAtEveryStep) {
     EXPECT_GT(cuts_per_event[e], 0) << "no cut during " << e;
   }
   if (DefersCow(GetParam())) {
-    for (const char* e : {"deferred-write", "deferred-fill"}) {
-      EXPECT_GT(cuts_per_event[e], 0) << "no cut during " << e;
+    EXPECT_GT(cuts_per_event["deferred-write"], 0);
+    // With extended L2 nothing is left to fill.
+    if (!GetParam().extended_l2) {
+      EXPECT_GT(cuts_per_event["deferred-fill"], 0);
     }
   }
   if (GetParam().bulk != 0) {

@@ -57,10 +57,11 @@ struct IoStats {
   uint64_t cow_tail_copies = 0;
   uint64_t cow_skipped_full = 0;
   uint64_t cow_skipped_zero = 0;
-  // Deferred copy-on-write (standard L2 entries, small writes that follow
-  // one another): clusters given a host cluster with the copy put off, and
-  // those of them that a flush (or a wider request) had to fill from the
-  // chain below because writes did not cover them whole.
+  // Small writes that follow one another into clusters the top does not
+  // own: clusters given a host cluster with their L2 entry (and, with
+  // standard L2 entries, their copy-on-write) put off, and those of them
+  // that a flush (or a wider request) had to fill from the chain below
+  // because writes did not cover them whole (standard L2 only).
   uint64_t cow_deferred = 0;
   uint64_t cow_deferred_filled = 0;
 

@@ -93,17 +93,20 @@ class Qcow2Layer : public Layer {
   //    touched allocated): the write goes in place;
   //  - the cluster is *pending*: given a host cluster by an earlier write
   //    that deferred its copy-on-write (below);
-  //  - the write may defer copy-on-write (standard L2 entries, a backing
-  //    chain, the cluster unallocated here, the write partial and aligned
-  //    to kFineLockBytes, and, with `stream`, the write continuing a recent
-  //    write or landing in a recently written cluster).
+  //  - the write may defer its cluster's L2 entry (no host cluster here;
+  //    the write partial and aligned to kFineLockBytes, and with extended
+  //    L2 to subclusters; with standard L2 a backing chain; and, with
+  //    `stream`, the write continuing a recent write or landing in a
+  //    recently written cluster).
   // A deferred write allocates the host cluster and writes only its own
   // bytes; the cluster stays out of the L2 table, *pending*, with a map of
   // which kFineLockBytes units hold guest data. Reads map covered units to
-  // the new cluster and the rest to the chain below. When writes have
-  // covered every unit and none is in flight, the L2 entry is set: a run of
-  // small sequential writes fills a cluster without reading the backing
-  // file. A flush (or a cluster-wide request on the cluster, or Close)
+  // the new cluster and the rest as the old entry says. With standard L2,
+  // when writes have covered every unit and none is in flight, the L2
+  // entry is set: a run of small sequential writes fills a cluster without
+  // reading the backing file (deferred copy-on-write). With extended L2
+  // the entry is set, covered subclusters allocated, as soon as no write
+  // is in flight: the stream's next writes need not wait for the first. A flush (or a cluster-wide request on the cluster, or Close)
   // copies the uncovered units from the chain below and sets the entry;
   // a flush does not wait for writes in flight into the cluster (they may
   // belong to another queue, whose thread must poll to finish them): it
@@ -213,8 +216,8 @@ class Qcow2Layer : public Layer {
   // `offset`'s own.
   uint64_t ClipAtPending(uint64_t offset, uint64_t len) const;
   // Maps inside a pending cluster.
-  Extent MapPending(const PendingCluster& p, uint64_t offset,
-                    uint64_t max_len) const;
+  absl::StatusOr<Extent> MapPending(PendingCluster& p, uint64_t offset,
+                                    uint64_t max_len);
   absl::StatusOr<L2Ref> L2ForWrite(uint64_t cluster);
   absl::Status PlanWriteCluster(uint64_t cluster, uint64_t in_cluster,
                                 absl::Span<const uint8_t> data, IoPlan* plan,

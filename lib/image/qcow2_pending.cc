@@ -33,8 +33,12 @@ Qcow2Layer::FineKind Qcow2Layer::ClassifyFine(uint64_t cluster,
                                               uint64_t in_cluster,
                                               uint64_t len, bool stream) {
   const Geometry& g = map_->geometry();
-  const bool aligned = IsAligned(in_cluster, kFineLockBytes) &&
-                       IsAligned(len, kFineLockBytes);
+  // Pending clusters track 4 KiB units; with extended L2 a unit (or the
+  // write) must also cover whole subclusters, whose bits it sets.
+  const uint64_t unit =
+      g.extended_l2 ? std::max<uint64_t>(kFineLockBytes, g.subcluster_size)
+                    : kFineLockBytes;
+  const bool aligned = IsAligned(in_cluster, unit) && IsAligned(len, unit);
   if (auto it = pending_.find(cluster); it != pending_.end()) {
     return aligned ? FineKind::kPending : FineKind::kNone;
   }
@@ -68,10 +72,12 @@ Qcow2Layer::FineKind Qcow2Layer::ClassifyFine(uint64_t cluster,
     }
     return FineKind::kInPlace;
   }
-  // Deferred copy-on-write: standard L2 entries only (with subclusters a
-  // small write already copies at most a subcluster), into a cluster that
-  // is plainly unallocated here over a backing chain.
-  if (g.extended_l2 || entry != 0 || !backing_ || !aligned ||
+  // Deferred L2 entry: a cluster with no host cluster here (unallocated,
+  // or with extended L2 made of unallocated and zero subclusters). With
+  // standard entries there must be a backing chain to copy from (else the
+  // write copies nothing anyway); with extended ones nothing is ever
+  // copied, and the entry waits only for the writes in flight.
+  if (entry != 0 || (!g.extended_l2 && !backing_) || !aligned ||
       g.cluster_bits <= kFineLockBits || len >= g.cluster_size ||
       pending_.size() >= kMaxPending) {
     return FineKind::kNone;
@@ -181,21 +187,40 @@ absl::Status Qcow2Layer::FinishPendingWrite(uint64_t cluster, uint64_t id,
     }
   }
   if (!p.in_flight.empty()) return absl::OkStatus();
-  const uint64_t cs = map_->geometry().cluster_size;
+  const Geometry& g = map_->geometry();
   if (p.covered_units == 0) {
     const uint64_t host = p.host;
     pending_.erase(it);
-    return refcounts_->Update(host, cs, -1);
+    return refcounts_->Update(host, g.cluster_size, -1);
   }
-  if (p.covered_units == cs / kFineLockBytes) return CommitPending(cluster);
+  // With extended L2 the units written so far become allocated
+  // subclusters, the rest keep what they were: nothing to copy.
+  if (g.extended_l2 || p.covered_units == g.cluster_size / kFineLockBytes) {
+    return CommitPending(cluster);
+  }
   return absl::OkStatus();
 }
 
 absl::Status Qcow2Layer::CommitPending(uint64_t cluster) {
   auto it = pending_.find(cluster);
   PendingCluster& p = it->second;
+  const Geometry& g = map_->geometry();
   RETURN_IF_ERROR(OrderL2AfterAllocation());
-  p.ref.Set(p.host | kOflagCopied, 0);
+  uint64_t bitmap = 0;
+  if (g.extended_l2) {
+    // Covered subclusters become allocated (and not zero); the others
+    // keep their state in the bitmap as it stands.
+    uint32_t mask = 0;
+    for (int sc = 0; sc < g.subclusters; ++sc) {
+      if (TestBit(p.covered, sc * g.subcluster_size / kFineLockBytes)) {
+        mask |= uint32_t{1} << sc;
+      }
+    }
+    const uint64_t now = p.ref.bitmap();
+    bitmap = uint64_t{static_cast<uint32_t>(now) | mask} |
+             (uint64_t{static_cast<uint32_t>(now >> 32) & ~mask} << 32);
+  }
+  p.ref.Set(p.host | kOflagCopied, bitmap);
   NoteDataWritten(p.host);
   pending_.erase(it);
   return absl::OkStatus();
@@ -222,7 +247,8 @@ absl::Status Qcow2Layer::Materialize(uint64_t cluster) {
     plan.writes.push_back(std::move(op));
   }
   bool filled = false;
-  for (uint64_t u = 0; u < units;) {
+  // With extended L2, uncovered subclusters simply stay as they are.
+  for (uint64_t u = 0; u < units && !g.extended_l2;) {
     if (TestBit(p.covered, u)) {
       ++u;
       continue;
@@ -256,9 +282,12 @@ absl::Status Qcow2Layer::Materialize(uint64_t cluster) {
     RETURN_IF_ERROR(RunPlanIo(plan, CurrentStats()));
     for (auto& commit : plan.commits) RETURN_IF_ERROR(commit());
   }
-  // Every unit holds its data now: the cluster can go into the table.
-  std::fill(p.covered.begin(), p.covered.end(), ~uint64_t{0});
-  p.covered_units = static_cast<uint32_t>(units);
+  // Every unit holds its data now (with standard L2): the cluster can go
+  // into the table.
+  if (!g.extended_l2) {
+    std::fill(p.covered.begin(), p.covered.end(), ~uint64_t{0});
+    p.covered_units = static_cast<uint32_t>(units);
+  }
   return CommitPending(cluster);
 }
 
@@ -312,22 +341,24 @@ uint64_t Qcow2Layer::ClipAtPending(uint64_t offset, uint64_t len) const {
   return len;
 }
 
-Extent Qcow2Layer::MapPending(const PendingCluster& p, uint64_t offset,
-                              uint64_t max_len) const {
+absl::StatusOr<Extent> Qcow2Layer::MapPending(PendingCluster& p,
+                                              uint64_t offset,
+                                              uint64_t max_len) {
   const Geometry& g = map_->geometry();
   const uint64_t in_cluster = offset & (g.cluster_size - 1);
   const uint64_t units = g.cluster_size / kFineLockBytes;
   uint64_t u = in_cluster / kFineLockBytes;
   const bool covered = TestBit(p.covered, u);
   while (u < units && TestBit(p.covered, u) == covered) ++u;
-  Extent e;
-  e.length = std::min(max_len, u * kFineLockBytes - in_cluster);
-  if (covered) {
-    e.kind = Extent::kData;
-    e.host_offset = p.host + in_cluster;
-  } else {
-    e.kind = Extent::kUnallocated;
+  const uint64_t len = std::min(max_len, u * kFineLockBytes - in_cluster);
+  if (!covered) {
+    // What the L2 entry, still the old one, says of the rest.
+    return MapInCluster(p.ref, offset, len);
   }
+  Extent e;
+  e.kind = Extent::kData;
+  e.length = len;
+  e.host_offset = p.host + in_cluster;
   return e;
 }
 

@@ -277,8 +277,8 @@ absl::Status Qcow2Layer::PlanWriteCluster(uint64_t cluster,
                                     data.size(), /*drop_whole=*/true));
   }
   ASSIGN_OR_RETURN(L2Ref ref, L2ForWrite(cluster));
-  if (fine && ref.entry() == 0 && !g.extended_l2) {
-    // FineWritable allowed this write to defer its copy-on-write.
+  if (fine && ref.entry() == 0) {
+    // FineWritable allowed this write to defer the cluster's L2 entry.
     return PlanPendingWrite(cluster, in_cluster, data, plan);
   }
   const uint64_t entry = ref.entry();
