@@ -45,7 +45,7 @@ void RunAndFinish(Chain* chain, Request* r) {
     chain->LoadMiss(r);
   }
   ASSERT_OK(r->status);
-  ASSERT_FALSE(r->miss_parked);
+  ASSERT_FALSE(r->parked);
   r->status = internal::RunPlanIo(r->plan, &r->stats);
   ASSERT_OK(r->status);
   chain->Finish(r);
@@ -107,10 +107,10 @@ TEST(LockWidenTest, TwoWritesWideningTogetherBothGoOn) {
   EXPECT_EQ(we.wakes, 1);
   EXPECT_EQ(ww.wakes, 1);
   chain->Plan(&e);  // widens; W holds an overlapping range: E waits
-  EXPECT_TRUE(e.miss_parked);
+  EXPECT_TRUE(e.parked);
   EXPECT_FALSE(e.lock_fine);
   chain->Plan(&w);  // widens; waits for E, and E may go on now
-  EXPECT_TRUE(w.miss_parked);
+  EXPECT_TRUE(w.parked);
   EXPECT_EQ(we.wakes, 2);
   chain->Plan(&e);
   RunAndFinish(chain.get(), &e);

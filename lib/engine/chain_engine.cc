@@ -96,7 +96,7 @@ bool Chain::WidenLock(Request* r) {
   SetLockRange(r, false);
   r->lock_granted = CanGrant(r);
   if (r->lock_granted) return true;
-  r->miss_parked = true;
+  r->parked = true;
   // r gave up what it held: earlier requests that waited only for it
   // (they could not go on while a later request held an overlapping
   // range) may go on now, and r waits for them.
@@ -141,7 +141,9 @@ bool Chain::Begin(Request* r) {
   r->in_lock_list = true;
   if (!CanGrant(r)) return false;
   r->lock_granted = true;
+  r->fine_just_checked = fine;
   PlanLocked(r);
+  r->fine_just_checked = false;
   return true;
 }
 
@@ -152,7 +154,7 @@ void Chain::Plan(Request* r) {
 }
 
 void Chain::PlanLocked(Request* r) {
-  r->miss_parked = false;
+  r->parked = false;
   IoStats& st = r->stats;
   Qcow2Layer* top = top_qcow2();
   switch (r->kind) {
@@ -177,7 +179,7 @@ void Chain::PlanLocked(Request* r) {
       if (top != nullptr) {
         // What allowed a byte-range lock may have changed while the write
         // waited: then it needs its whole clusters.
-        if (r->lock_fine &&
+        if (r->lock_fine && !r->fine_just_checked &&
             !top->FineWritable(r->offset, r->len, /*stream=*/false) &&
             !WidenLock(r)) {
           break;  // parked until it holds them
@@ -272,7 +274,7 @@ void Chain::PlanDeferringMisses(Request* r,
     // for another queue's read: that would make this queue's progress
     // depend on another thread polling, for requests that do not overlap.)
     it->second.parked.push_back(r);
-    r->miss_parked = true;
+    r->parked = true;
     return;
   }
   r->miss_cache = cache;
@@ -367,8 +369,8 @@ absl::Status Chain::RunSync(Request* r) {
     waiter.Wait();
     Plan(r);
   }
-  while (r->miss_cache != nullptr || r->miss_parked) {
-    if (r->miss_parked) {
+  while (r->miss_cache != nullptr || r->parked) {
+    if (r->parked) {
       // Another request reads the entry this one missed.
       waiter.Wait();
       Plan(r);

@@ -193,7 +193,7 @@ class QueueImpl final : public Waiter, public Chain::StatsSource {
 
   void Start(Request* r) {
     r->phase = 0;
-    if (r->miss_parked) {
+    if (r->parked) {
       ++parked_;  // woken when the entry it missed is in
       return;
     }
@@ -212,7 +212,7 @@ class QueueImpl final : public Waiter, public Chain::StatsSource {
     while (r->pending == 0) {
       if (r->phase == kPhaseMiss) {
         chain_->LoadMiss(r);  // plans again
-        if (r->miss_parked) {
+        if (r->parked) {
           ++parked_;
           return;
         }

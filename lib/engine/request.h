@@ -44,6 +44,9 @@ struct Request {
   uint64_t lock_first = 0;
   uint64_t lock_last = 0;
   bool lock_fine = false;
+  // Set while Begin plans r under the same lock hold in which it found r
+  // fit for a byte-range lock (nothing can have changed: no recheck).
+  bool fine_just_checked = false;
   bool lock_shared = false;
   bool lock_granted = false;
   bool in_lock_list = false;
@@ -66,7 +69,7 @@ struct Request {
   // planning met a miss another request of the same executor is already
   // reading, or a write under a byte-range lock needs its whole clusters
   // and must wait for them.
-  bool miss_parked = false;
+  bool parked = false;
   bool counted = false;   // guest counters added (once per request)
   File* flush_file = nullptr;  // kFlush: the file to flush
   IoOp flush_op;

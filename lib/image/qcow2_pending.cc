@@ -292,13 +292,7 @@ absl::Status Qcow2Layer::Materialize(uint64_t cluster) {
 }
 
 absl::Status Qcow2Layer::SettleAllPending() {
-  std::vector<uint64_t> clusters;
-  for (const auto& [cluster, p] : pending_) clusters.push_back(cluster);
-  std::sort(clusters.begin(), clusters.end());
-  for (uint64_t cluster : clusters) {
-    if (absl::Status s = Materialize(cluster); !s.ok()) return Fail(s);
-  }
-  return absl::OkStatus();
+  return SettlePendingIn(0, ~uint64_t{0}, /*drop_whole=*/false);
 }
 
 absl::Status Qcow2Layer::SettlePendingIn(uint64_t offset, uint64_t len,
