@@ -90,7 +90,7 @@ class Qcow2Layer : public Layer {
   // those bytes will be written and no other request's plan can be made
   // stale:
   //  - the cluster is ours (COPIED data; with extended L2, every subcluster
-  //    touched allocated): the write goes in place;
+  //    touched allocated or covered whole): the write goes in place;
   //  - the cluster is *pending*: given a host cluster by an earlier write
   //    that deferred its copy-on-write (below);
   //  - the write may defer its cluster's L2 entry (no host cluster here;
@@ -106,9 +106,10 @@ class Qcow2Layer : public Layer {
   // entry is set: a run of small sequential writes fills a cluster without
   // reading the backing file (deferred copy-on-write). With extended L2
   // the entry is set, covered subclusters allocated, as soon as no write
-  // is in flight: the stream's next writes need not wait for the first. A flush (or a cluster-wide request on the cluster, or Close)
-  // copies the uncovered units from the chain below and sets the entry;
-  // a flush does not wait for writes in flight into the cluster (they may
+  // is in flight: the stream's next writes need not wait for the first.
+  // A flush (or a cluster-wide request on the cluster, or Close) copies
+  // the uncovered units from the chain below (standard L2 only) and sets
+  // the entry; a flush does not wait for writes in flight into the cluster (they may
   // belong to another queue, whose thread must poll to finish them): it
   // writes their bytes too (Materialize).
   static constexpr uint32_t kFineLockBits = 12;
@@ -198,7 +199,8 @@ class Qcow2Layer : public Layer {
                                 absl::Span<const uint8_t> data, IoPlan* plan);
   // The end of such a write (commit or abort): `newly` holds the units it
   // covered first, uncovered again when it failed. Commits the cluster when
-  // it is covered and idle, and frees it when nothing covers it.
+  // no write into it is in flight and it is covered (with extended L2:
+  // covered at all), and frees it when nothing covers it.
   absl::Status FinishPendingWrite(uint64_t cluster, uint64_t id,
                                   const std::vector<uint64_t>& newly, bool ok);
   // Copies the uncovered units of a pending cluster from the chain below,
@@ -206,7 +208,8 @@ class Qcow2Layer : public Layer {
   // buffers (blocking I/O, under the caller's lock, which those writes
   // need to finish), and sets its L2 entry.
   absl::Status Materialize(uint64_t cluster);
-  // Commits a pending cluster whose every unit holds guest data.
+  // Sets a pending cluster's L2 entry: every unit holds its data (standard
+  // L2), or covered subclusters become allocated (extended L2).
   absl::Status CommitPending(uint64_t cluster);
   // Materializes the pending clusters in guest range [offset, +len); with
   // `drop_whole`, those inside it whole are dropped instead (the caller
