@@ -194,7 +194,7 @@ class QueueImpl final : public Waiter, public Chain::StatsSource {
   void Start(Request* r) {
     r->phase = 0;
     if (r->parked) {
-      ++parked_;  // woken when the entry it missed is in
+      ++parked_;  // woken when its miss is in, or its widened range free
       return;
     }
     if (r->miss_cache != nullptr) IssueMiss(r);
