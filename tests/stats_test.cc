@@ -102,29 +102,29 @@ TEST(StatsTest, SmallWriteIntoFreshClusterCopiesTheRest) {
   EXPECT_EQ(s.cow_head_copies, 1u);
   EXPECT_EQ(s.cow_tail_copies, 1u);
   EXPECT_EQ(s.cow_skipped_full, 0u);
-  // Metadata of a first write into an empty overlay: a new L2 table (all of
-  // it written once, after the refcount block that counts it and a file
-  // flush; then another flush before its L1 entry). No header write: lazy
-  // refcounts are off.
+  // Metadata of a first write into an empty overlay: a new L2 table. It
+  // and the refcount block that counts it wait in memory, and its L1 entry
+  // too, until the next flush: no metadata write and no file flush yet.
   EXPECT_EQ(s.l2_table_allocations, 1u);
-  EXPECT_EQ(s.l2_write_bytes, kCluster);
-  EXPECT_EQ(s.refcount_write_bytes, kCluster);
-  EXPECT_EQ(s.l1_write_bytes, 8u);
-  EXPECT_EQ(s.header_write_bytes, 0u);
-  EXPECT_EQ(s.host_flushes, 2u);
-  EXPECT_EQ(s.host_write_bytes(), kCluster + kCluster + kCluster + 8);
+  EXPECT_EQ(s.metadata_write_bytes(), 0u);
+  EXPECT_EQ(s.host_flushes, 0u);
+  EXPECT_EQ(s.host_write_bytes(), kCluster);
 
-  // The flush writes the changed L2 slice and refcount block.
+  // The flush writes the refcount block, then the whole new L2 table once,
+  // then the L1 entry that names it. No header write: lazy refcounts are
+  // off.
   const IoStats mid = image->GetStats();
   ASSERT_OK(image->Flush());
   const IoStats f = image->GetStats().Since(mid);
   EXPECT_EQ(f.guest_flush_ops, 1u);
-  EXPECT_EQ(f.l2_write_bytes, 4096u);  // one 4 KiB slice
+  EXPECT_EQ(f.l2_write_bytes, kCluster);
   EXPECT_EQ(f.refcount_write_bytes, kCluster);
+  EXPECT_EQ(f.l1_write_bytes, 8u);
+  EXPECT_EQ(f.header_write_bytes, 0u);
   EXPECT_EQ(f.host_data_write_bytes + f.cow_write_bytes, 0u);
-  // L2 waits for the data (one flush) and the refcounts; then the final
-  // flush.
-  EXPECT_GE(f.host_flushes, 2u);
+  // Data and refcounts durable before the table; the table before its L1
+  // entry; then the final flush.
+  EXPECT_EQ(f.host_flushes, 3u);
 
   // The cluster is ours now: the next small write goes in place.
   const IoStats again = image->GetStats();

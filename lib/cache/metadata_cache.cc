@@ -187,12 +187,13 @@ absl::Status MetadataCache::Flush() {
     // Nothing waits on the dependency; dropping it keeps the graph acyclic
     // (every later change sets its own dependency first).
     depends_on_ = nullptr;
-    return absl::OkStatus();
+  } else {
+    std::sort(dirty.begin(), dirty.end(), [](const Entry* a, const Entry* b) {
+      return a->offset < b->offset;
+    });
+    for (Entry* e : dirty) RETURN_IF_ERROR(WriteEntry(*e));
   }
-  std::sort(dirty.begin(), dirty.end(),
-            [](const Entry* a, const Entry* b) { return a->offset < b->offset; });
-  for (Entry* e : dirty) RETURN_IF_ERROR(WriteEntry(*e));
-  return absl::OkStatus();
+  return flush_tail_ ? flush_tail_() : absl::OkStatus();
 }
 
 absl::Status MetadataCache::SetDependency(MetadataCache* other) {

@@ -123,9 +123,17 @@ class MetadataCache {
 
   void MarkDirty(const Handle& h) { h->dirty = true; }
 
-  // Writes every dirty entry (after the dependencies). Does not flush the
-  // file afterwards.
+  // Writes every dirty entry (after the dependencies), then runs the
+  // flush tail, if any. Does not flush the file afterwards.
   absl::Status Flush();
+
+  // Runs at the end of every Flush(), dirty entries or not: for pointers
+  // to this cache's entries that may reach the disk only after the entries
+  // are durable (the refcount table entry of a new refcount block). A
+  // cache that depends on this one sees them written, like the entries,
+  // before its own writes.
+  using FlushTail = std::function<absl::Status()>;
+  void set_flush_tail(FlushTail tail) { flush_tail_ = std::move(tail); }
 
   absl::Status SetDependency(MetadataCache* other);
   void SetDependsOnFlush() { depends_on_flush_ = true; }
@@ -165,6 +173,7 @@ class MetadataCache {
   MetadataCache* depends_on_ = nullptr;
   bool depends_on_flush_ = false;
   WriteHook write_hook_;
+  FlushTail flush_tail_;
   // Moves whenever an entry's bytes on disk may change, or an entry is
   // created or dropped without a read (see InsertLoaded).
   uint64_t epoch_ = 0;

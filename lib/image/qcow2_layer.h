@@ -272,6 +272,9 @@ class Qcow2Layer : public Layer {
     data_end_ = std::max(data_end_, host + map_->geometry().cluster_size);
   }
   absl::Status WriteL1Entry(uint64_t index);
+  // Makes every new L2 table and its refcount durable, then writes the L1
+  // entries that name them (the L1 part of a flush).
+  absl::Status WriteL1Entries();
   absl::Status OrderL2AfterAllocation();
   absl::Status ZeroCluster(uint64_t cluster, bool free_clusters);
   absl::Status ZeroSubclusters(uint64_t cluster, uint64_t in_cluster,
@@ -282,6 +285,9 @@ class Qcow2Layer : public Layer {
   uint64_t file_size_;
   // The file's length as last set by GrowAhead (0: never grown).
   uint64_t grown_to_ = 0;
+  // L1 indices of new L2 tables whose entry is set in memory but not yet
+  // written (WriteL1Entries writes them at the next flush).
+  std::vector<uint64_t> unwritten_l1_entries_;
   // End of the furthest host cluster written to: new clusters when their
   // write commits, clusters already ours when a write into them is planned.
   uint64_t data_end_ = 0;

@@ -183,11 +183,22 @@ absl::StatusOr<L2Ref> Qcow2Layer::L2ForWrite(uint64_t cluster) {
       slice->dirty = true;
     }
   }
-  // The table and its refcount are durable before the L1 entry names it.
   EmitEvent("l2-alloc");
   CountMetadata(&IoStats::l2_table_allocations, 1);
-  CountMetadata(&IoStats::host_flushes, 1);
   RETURN_IF_ERROR(cache.SetDependency(&refcounts_->cache()));
+  if (old_table == 0) {
+    // A fresh table: its L1 entry waits in memory for the next flush
+    // (WriteL1Entries), which writes it after the table and its refcount
+    // are durable. Until then a power cut loses the table with the writes
+    // into it, none of them flushed, and leaks its cluster.
+    map_->SetL1(idx, table | kOflagCopied);
+    unwritten_l1_entries_.push_back(idx);
+    return map_->Lookup(cluster);
+  }
+  // A private copy of a shared table: the old table's refcount drops once
+  // the L1 entry no longer names it, so the entry is written now, after the
+  // copy and its refcount are durable.
+  CountMetadata(&IoStats::host_flushes, 1);
   RETURN_IF_ERROR(cache.Flush());
   RETURN_IF_ERROR(file_->Flush());
   // If the L1 write fails, memory must keep agreeing with the disk, or
@@ -197,11 +208,26 @@ absl::StatusOr<L2Ref> Qcow2Layer::L2ForWrite(uint64_t cluster) {
     map_->SetL1(idx, l1e);
     return s;
   }
-  if (old_table != 0) {
-    RETURN_IF_ERROR(file_->Flush());
-    RETURN_IF_ERROR(refcounts_->Update(old_table, g.cluster_size, -1));
-  }
+  RETURN_IF_ERROR(file_->Flush());
+  RETURN_IF_ERROR(refcounts_->Update(old_table, g.cluster_size, -1));
   return map_->Lookup(cluster);
+}
+
+absl::Status Qcow2Layer::WriteL1Entries() {
+  if (unwritten_l1_entries_.empty()) return absl::OkStatus();
+  // The tables, and the refcounts that count them, are durable before an
+  // L1 entry names them.
+  RETURN_IF_ERROR(map_->l2_cache().Flush());
+  RETURN_IF_ERROR(refcounts_->Flush());
+  CountMetadata(&IoStats::host_flushes, 1);
+  RETURN_IF_ERROR(file_->Flush());
+  std::sort(unwritten_l1_entries_.begin(), unwritten_l1_entries_.end());
+  while (!unwritten_l1_entries_.empty()) {
+    // Kept on failure: the next flush writes it again.
+    RETURN_IF_ERROR(WriteL1Entry(unwritten_l1_entries_.front()));
+    unwritten_l1_entries_.erase(unwritten_l1_entries_.begin());
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Qcow2Layer::Grow(uint64_t new_size) {
@@ -219,7 +245,9 @@ absl::Status Qcow2Layer::Grow(uint64_t new_size) {
   }
   // A new, larger L1 table: written and durable (with its refcounts) before
   // one header write switches l1_size and l1_table_offset together; the old
-  // table is freed last.
+  // table is freed last. L1 entries still waiting for a flush are written
+  // first, so every table the new L1 names is durable.
+  if (absl::Status s = WriteL1Entries(); !s.ok()) return Fail(std::move(s));
   EmitEvent("l1-grow");
   const uint64_t clusters = DivRoundUp(needed * 8, g.cluster_size);
   absl::StatusOr<uint64_t> allocated = refcounts_->Allocate(clusters);
@@ -261,6 +289,7 @@ absl::StatusOr<uint64_t> Qcow2Layer::BeginFlush() {
   if (!writable_ || closed_) return uint64_t{0};
   absl::Status s = map_->l2_cache().Flush();
   if (s.ok()) s = refcounts_->Flush();
+  if (s.ok()) s = WriteL1Entries();
   if (!s.ok()) return Fail(std::move(s));
   EmitEvent("flush");
   return refcounts_->SealQuarantine();

@@ -29,7 +29,9 @@ Refcounts::Refcounts(Params p)
       table_(std::move(p.table)),
       cache_(p.file, static_cast<uint32_t>(1ull << p.cluster_bits),
              std::max<uint64_t>(4, p.cache_bytes >> p.cluster_bits),
-             "refcount block") {}
+             "refcount block") {
+  cache_.set_flush_tail([this] { return WriteTableEntries(); });
+}
 
 absl::StatusOr<std::vector<uint64_t>> Refcounts::LoadTable(
     File* file, uint64_t offset, uint32_t clusters, uint32_t cluster_bits,
@@ -181,11 +183,25 @@ absl::StatusOr<uint64_t> Refcounts::FindFree(uint64_t n) {
   return start;
 }
 
-absl::Status Refcounts::WriteTableEntry(uint64_t index) {
-  uint8_t buf[8];
-  StoreBE64(buf, table_[index]);
-  CountMetadata(&IoStats::refcount_write_bytes, 8);
-  return file_->WriteAt(table_offset_ + index * 8, absl::MakeConstSpan(buf, 8));
+absl::Status Refcounts::WriteTableEntries() {
+  if (unwritten_table_entries_.empty()) return absl::OkStatus();
+  // The blocks these entries name were just written (or written back
+  // earlier): durable first, then the entries.
+  CountMetadata(&IoStats::host_flushes, 1);
+  RETURN_IF_ERROR(file_->Flush());
+  std::sort(unwritten_table_entries_.begin(), unwritten_table_entries_.end());
+  while (!unwritten_table_entries_.empty()) {
+    const uint64_t index = unwritten_table_entries_.front();
+    uint8_t buf[8];
+    StoreBE64(buf, table_[index]);
+    CountMetadata(&IoStats::refcount_write_bytes, 8);
+    EmitEvent("reftable-update");
+    // Kept on failure: the next flush writes it again.
+    RETURN_IF_ERROR(
+        file_->WriteAt(table_offset_ + index * 8, absl::MakeConstSpan(buf, 8)));
+    unwritten_table_entries_.erase(unwritten_table_entries_.begin());
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<bool> Refcounts::EnsureBlock(uint64_t cluster) {
@@ -220,25 +236,16 @@ absl::StatusOr<bool> Refcounts::EnsureBlock(uint64_t cluster) {
       RETURN_IF_ERROR(Update(b << cluster_bits_, cluster_size_, 1));
     }
     NoteMetadataEnd(b + 1);
-    // The block (and the count that covers it) must be durable before the
-    // table points at it.
-    absl::Status s = cache_.Flush();
-    CountMetadata(&IoStats::host_flushes, 1);
-    if (s.ok()) s = file_->Flush();
-    if (s.ok()) {
-      table_[idx] = b << cluster_bits_;
-      s = WriteTableEntry(idx);
-      if (!s.ok()) table_[idx] = 0;
-    }
-    if (s.ok() && metadata_ != nullptr) {
+    // The table entry waits in memory: the block (and the count that covers
+    // it) must be durable before the table points at it, and this cache's
+    // flush tail writes the entry only then. Anything that points at a
+    // cluster this block counts (an L2 entry, an L1 entry, a header) is
+    // written after this cache is flushed, so after the entry too.
+    table_[idx] = b << cluster_bits_;
+    unwritten_table_entries_.push_back(idx);
+    if (metadata_ != nullptr) {
       metadata_->Add(MetadataSet::kRefcountBlock, b << cluster_bits_,
                      cluster_size_);
-    }
-    if (!s.ok()) {
-      // The block is not linked: forget it, or a later write-back could
-      // land on the cluster after it has been given to someone else.
-      cache_.Invalidate(b << cluster_bits_, cluster_size_);
-      return s;
     }
     return true;
   }
@@ -302,6 +309,8 @@ absl::Status Refcounts::GrowTable(uint64_t needed_index) {
                                  static_cast<uint32_t>(table_clusters)));
   const uint64_t old_offset = table_offset_;
   const uint64_t old_clusters = table_clusters_;
+  // The new table holds every entry, durable since the header switch.
+  unwritten_table_entries_.clear();
   table_ = std::move(table);
   table_offset_ = place << cluster_bits_;
   table_clusters_ = static_cast<uint32_t>(table_clusters);

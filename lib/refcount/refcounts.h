@@ -3,7 +3,8 @@
 // for every refcount width from 1 to 64 bits, plus cluster allocation.
 //
 // Ordering (docs/crash-consistency.md): a new refcount block is written and
-// flushed before the table entry that points at it; a grown table is written
+// flushed before the table entry that points at it (the entry waits in
+// memory until the block cache is next flushed); a grown table is written
 // and flushed before the header points at it; the old table is freed last.
 // Clusters freed since the last Flush() are not handed out again until then,
 // so an on-disk pointer can never meet a cluster's new owner.
@@ -123,7 +124,9 @@ class Refcounts {
   // (and grow the table). Returns true if it had to allocate.
   absl::StatusOr<bool> EnsureBlock(uint64_t cluster);
   absl::Status GrowTable(uint64_t needed_index);
-  absl::Status WriteTableEntry(uint64_t index);
+  // The flush tail of the block cache: flushes the file, then writes the
+  // table entries of blocks created since the last flush.
+  absl::Status WriteTableEntries();
   absl::Status Corrupt(const std::string& what) const;
   bool Quarantined(uint64_t cluster, uint64_t n) const;
   // A refcount table entry as a tracked block offset (0: none or invalid).
@@ -142,6 +145,8 @@ class Refcounts {
   uint64_t table_offset_;
   uint32_t table_clusters_;
   std::vector<uint64_t> table_;
+  // Indices of table_ entries that name new blocks and are not yet on disk.
+  std::vector<uint64_t> unwritten_table_entries_;
   MetadataCache cache_;
   HeaderWriter header_writer_;
   std::function<void(uint64_t)> free_hook_;
