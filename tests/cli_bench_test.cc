@@ -265,17 +265,26 @@ TEST(BenchCliTest, RmwRowsAndBaselines) {
   json::Value v = RunJson(dir, {"rmw", "--image-size=8M", "--depth=3",
                                 "--count=200", "--time=0.2", "--repeat=3"});
   const json::Value& rows = v["rows"];
-  ASSERT_EQ(rows.size(), 2u * 4 + 3 + 2);
+  // Per size: standard L2, extended L2, allocated, sparse raw, reserved
+  // raw. Then three sequential rows and two read rows.
+  constexpr size_t kPerSize = 5;
+  ASSERT_EQ(rows.size(), 2u * kPerSize + 3 + 2);
   auto iops_of = [&](size_t i) { return Num(rows[i], "iops"); };
   for (size_t b = 0; b < 2; ++b) {
     const uint64_t bs = b == 0 ? 4096 : 65536;
-    const json::Value& std_l2 = rows[4 * b];
-    const json::Value& ext_l2 = rows[4 * b + 1];
-    const json::Value& alloc = rows[4 * b + 2];
-    const json::Value& raw = rows[4 * b + 3];
+    const size_t first = kPerSize * b;
+    const json::Value& std_l2 = rows[first];
+    const json::Value& ext_l2 = rows[first + 1];
+    const json::Value& alloc = rows[first + 2];
+    const json::Value& raw = rows[first + 3];
+    const json::Value& reserved = rows[first + 4];
     EXPECT_EQ(raw["target"].as_string(), "fresh raw file");
-    EXPECT_EQ(Num(raw, "cow_read_per_guest_byte"), 0);
-    for (const json::Value* r : {&std_l2, &ext_l2, &alloc, &raw}) {
+    EXPECT_EQ(reserved["target"].as_string(), "reserved raw file");
+    for (const json::Value* r : {&raw, &reserved}) {
+      EXPECT_EQ(Num(*r, "cow_read_per_guest_byte"), 0);
+      EXPECT_EQ((*r)["cluster_allocations"].as_uint64(), 0u);
+    }
+    for (const json::Value* r : {&std_l2, &ext_l2, &alloc, &raw, &reserved}) {
       EXPECT_EQ((*r)["bs"].as_uint64(), bs);
       EXPECT_EQ((*r)["op"].as_string(), "write");
       EXPECT_EQ((*r)["ops"].as_uint64(), 200u);
@@ -288,9 +297,9 @@ TEST(BenchCliTest, RmwRowsAndBaselines) {
     EXPECT_TRUE(alloc["ratio_vs_baseline"].is_null());
     EXPECT_EQ(alloc["cluster_allocations"].as_uint64(), 0u);
     EXPECT_GT(std_l2["cluster_allocations"].as_uint64(), 0u);
-    for (size_t i : {4 * b, 4 * b + 1, 4 * b + 3}) {
+    for (size_t i : {first, first + 1, first + 3, first + 4}) {
       EXPECT_NEAR(Num(rows[i], "ratio_vs_baseline"),
-                  iops_of(i) / iops_of(4 * b + 2),
+                  iops_of(i) / iops_of(first + 2),
                   1e-3 * Num(rows[i], "ratio_vs_baseline"));
     }
     // 64 KiB writes cover whole clusters and 4 KiB ones whole subclusters:
@@ -308,31 +317,31 @@ TEST(BenchCliTest, RmwRowsAndBaselines) {
   // L2 only the first cluster is copied on its first write (60 KiB) and
   // the half-written last one at the flush (32 KiB): each cluster between
   // is filled by the writes alone.
-  for (size_t i = 8; i < 11; ++i) {
+  for (size_t i = 10; i < 13; ++i) {
     EXPECT_EQ(rows[i]["pattern"].as_string(), "sequential");
     EXPECT_EQ(rows[i]["bs"].as_uint64(), 4096u);
     EXPECT_EQ(rows[i]["ops"].as_uint64(), 200u);
     CheckRow(rows[i], "write");
   }
   EXPECT_EQ(rows[0]["pattern"].as_string(), "random");
-  EXPECT_FALSE(rows[8]["extended_l2"].as_bool());
-  EXPECT_TRUE(rows[9]["extended_l2"].as_bool());
-  EXPECT_EQ(rows[10]["target"].as_string(), "allocated");
-  EXPECT_NEAR(Num(rows[8], "cow_read_per_guest_byte"),
+  EXPECT_FALSE(rows[10]["extended_l2"].as_bool());
+  EXPECT_TRUE(rows[11]["extended_l2"].as_bool());
+  EXPECT_EQ(rows[12]["target"].as_string(), "allocated");
+  EXPECT_NEAR(Num(rows[10], "cow_read_per_guest_byte"),
               (61440.0 + 32768) / (200 * 4096), 1e-9);
-  EXPECT_EQ(Num(rows[9], "cow_read_per_guest_byte"), 0);
-  for (size_t i : {8u, 9u}) {
-    EXPECT_NEAR(Num(rows[i], "ratio_vs_baseline"), iops_of(i) / iops_of(10),
+  EXPECT_EQ(Num(rows[11], "cow_read_per_guest_byte"), 0);
+  for (size_t i : {10u, 11u}) {
+    EXPECT_NEAR(Num(rows[i], "ratio_vs_baseline"), iops_of(i) / iops_of(12),
                 1e-3 * Num(rows[i], "ratio_vs_baseline"));
   }
-  EXPECT_EQ(rows[11]["depth"].as_uint64(), 0u);
-  EXPECT_EQ(rows[12]["depth"].as_uint64(), 3u);
-  EXPECT_TRUE(rows[11]["ratio_vs_baseline"].is_null());
-  EXPECT_NEAR(Num(rows[12], "ratio_vs_baseline"), iops_of(12) / iops_of(11),
-              1e-3 * Num(rows[12], "ratio_vs_baseline"));
+  EXPECT_EQ(rows[13]["depth"].as_uint64(), 0u);
+  EXPECT_EQ(rows[14]["depth"].as_uint64(), 3u);
+  EXPECT_TRUE(rows[13]["ratio_vs_baseline"].is_null());
+  EXPECT_NEAR(Num(rows[14], "ratio_vs_baseline"), iops_of(14) / iops_of(13),
+              1e-3 * Num(rows[14], "ratio_vs_baseline"));
   // Each read row is the median of three rounds, inside their spread.
   EXPECT_EQ(v["params"]["read_rounds"].as_uint64(), 3u);
-  for (size_t i : {11u, 12u}) {
+  for (size_t i : {13u, 14u}) {
     CheckRow(rows[i], "read");
     EXPECT_EQ(rows[i]["runs"].as_uint64(), 3u);
     EXPECT_LE(Num(rows[i], "iops_min"), iops_of(i));

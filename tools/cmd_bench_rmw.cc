@@ -8,7 +8,8 @@
 //     standard and with extended L2 entries (a new overlay each, deleted
 //     afterwards), then the same writes into a fully allocated image (the
 //     base itself, whose clusters are all its own), and into a fresh
-//     sparse raw file (what the file system alone charges for new blocks);
+//     sparse raw file and into a fresh raw file reserved with fallocate
+//     (what the file system alone charges for new blocks);
 //   - 4 KiB sequential writes into a fresh overlay (standard and extended
 //     L2) and into the allocated image: small writes that follow one
 //     another fill each new cluster with no copy (deferred copy-on-write);
@@ -259,20 +260,26 @@ absl::Status RunRmw(Env& env, Report* report) {
       return s;
     }
     // What the file system charges for writing into blocks it has not
-    // allocated yet, with no qcow2 at all: a fresh sparse raw file.
-    CreateOptions raw;
-    raw.format = ImageFormat::kRaw;
-    raw.size = p->size;
-    const std::string raw_path = env.scratch->Path("fresh.raw");
-    auto image = CreateBenchImage(raw_path, raw, env.direct);
-    if (!image.ok()) return image.status();
-    const Cell c{"fresh raw file", Op::kWrite, bs, std::nullopt};
-    absl::Status s = Measure(env, **image, *p, c, label(c),
-                             env.opts.seed + report->rows.size(), report);
-    if (s.ok()) s = (*image)->Close();
-    image->reset();
-    if (s.ok()) s = env.scratch->Remove(raw_path);
-    if (!s.ok()) return s;
+    // written yet, with no qcow2 at all: a fresh sparse raw file, and one
+    // whose blocks are reserved with fallocate (unwritten extents), as an
+    // overlay reserves the room it grows into.
+    for (bool reserved : {false, true}) {
+      CreateOptions raw;
+      raw.format = ImageFormat::kRaw;
+      raw.size = p->size;
+      if (reserved) raw.preallocation = Preallocation::kFalloc;
+      const std::string raw_path = env.scratch->Path("fresh.raw");
+      auto image = CreateBenchImage(raw_path, raw, env.direct);
+      if (!image.ok()) return image.status();
+      const Cell c{reserved ? "reserved raw file" : "fresh raw file",
+                   Op::kWrite, bs, std::nullopt};
+      absl::Status s = Measure(env, **image, *p, c, label(c),
+                               env.opts.seed + report->rows.size(), report);
+      if (s.ok()) s = (*image)->Close();
+      image->reset();
+      if (s.ok()) s = env.scratch->Remove(raw_path);
+      if (!s.ok()) return s;
+    }
   }
   // Small sequential writes: with standard L2 entries each new cluster
   // would otherwise be copied on its first write.
