@@ -1,6 +1,8 @@
-// The lock list when writes that held only their own bytes must widen to
-// whole clusters (Chain::WidenLock), driven step by step through the
-// engine's internal API with waiters that only record wake-ups.
+// The lock list, driven step by step through the engine's internal API
+// with waiters that only record wake-ups: writes that held only their own
+// bytes and must widen to whole clusters (Chain::WidenLock), and writes
+// into one fresh extended-L2 cluster that hold only their own bytes.
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -126,6 +128,60 @@ TEST(LockWidenTest, TwoWritesWideningTogetherBothGoOn) {
   std::fill_n(want.begin() + kCluster - 4096 + 1, 4095, 2);
   EXPECT_EQ(got, want);
   ASSERT_OK(chain->Close());
+}
+
+// Two writes into one fresh extended-L2 cluster, neither continuing the
+// other: the first defers the cluster's L2 entry (it allocates and writes
+// only its own subclusters), so the second is granted while the first is
+// still in flight and writes into the same host cluster. They finish in the
+// opposite order; the entry is set when neither is in flight.
+TEST(FineLockTest, WritesIntoOneFreshExtendedL2ClusterRunSideBySide) {
+  SKIP_WITHOUT_QEMU();
+  testing::TempDir dir;
+  CreateOptions co;
+  co.size = 8 << 20;
+  co.cluster_size = kCluster;
+  co.extended_l2 = true;
+  const std::string path = dir.File("img.qcow2");
+  ASSERT_OK(CreateImage(path, co));
+  OpenOptions oo;
+  oo.read_write = true;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<File> file,
+                       OpenPosixFile(path, FileOptions{.read_only = false}));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Chain> chain,
+                       Chain::Open(std::move(file), oo));
+
+  CountingWaiter wa, wb;
+  const std::vector<uint8_t> da(4096, 5), db(8192, 6);
+  Request a, b;
+  MakeWrite(&a, 5 * kCluster + 32768, da, &wa);
+  MakeWrite(&b, 5 * kCluster + 8192, db, &wb);
+  ASSERT_TRUE(chain->Begin(&a));
+  ASSERT_OK(a.status);
+  EXPECT_TRUE(a.lock_fine);
+  ASSERT_TRUE(chain->Begin(&b));  // granted beside a
+  ASSERT_OK(b.status);
+  EXPECT_TRUE(b.lock_fine);
+  RunAndFinish(chain.get(), &b);
+  RunAndFinish(chain.get(), &a);
+  EXPECT_EQ(wa.wakes + wb.wakes, 0);
+
+  std::vector<uint8_t> want(kCluster, 0);
+  std::copy(da.begin(), da.end(), want.begin() + 32768);
+  std::copy(db.begin(), db.end(), want.begin() + 8192);
+  std::vector<uint8_t> got(kCluster);
+  ASSERT_OK(chain->Read(5 * kCluster, absl::MakeSpan(got)));
+  EXPECT_EQ(got, want);
+  const IoStats st = chain->Stats();
+  EXPECT_EQ(st.cluster_allocations, 1u);
+  EXPECT_EQ(st.cow_read_bytes, 0u);
+  ASSERT_OK(chain->Close());
+
+  testing::CommandResult check = testing::QemuCheck(path);
+  EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> all, testing::QemuReadAll(path));
+  EXPECT_TRUE(std::equal(want.begin(), want.end(),
+                         all.begin() + 5 * kCluster));
 }
 
 }  // namespace

@@ -82,7 +82,11 @@ Qcow2Layer::FineKind Qcow2Layer::ClassifyFine(uint64_t cluster,
       pending_.size() >= kMaxPending) {
     return FineKind::kNone;
   }
-  if (!stream) return FineKind::kDefer;
+  // With extended L2 a deferred entry costs nothing later (no fill), and
+  // it lets other writes into the cluster run beside this one: any such
+  // write may defer. With standard L2 only a stream may, since what it
+  // leaves uncovered is copied at the flush.
+  if (!stream || g.extended_l2) return FineKind::kDefer;
   const uint64_t offset = guest + in_cluster;
   for (uint64_t end : recent_ends_) {
     if (end == 0) continue;
