@@ -257,6 +257,29 @@ TEST(BenchCliTest, ScalingRatiosMatchRawRows) {
   EXPECT_TRUE(DirEmpty(dir.path()));
 }
 
+// With --flush-interval each writer also flushes every N of its writes:
+// 4 writes each, so 2 more flushes per writer beside the final one (one
+// may be put off while another runs, but none is dropped).
+TEST(BenchCliTest, ScalingFlushInterval) {
+  TempDir dir;
+  json::Value v = RunJson(
+      dir, {"scaling", "--writers=1,2", "--modes=shared,raw-shared",
+            "--size-per-writer=1M", "--bs=256k", "--qd=2", "--repeat=1",
+            "--flush-interval=2"});
+  EXPECT_EQ(v["params"]["flush_interval"].as_uint64(), 2u);
+  const json::Value& rows = v["rows"];
+  ASSERT_EQ(rows.size(), 2u * 2);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const json::Value& row = rows[i];
+    const uint64_t writers = row["writers"].as_uint64();
+    EXPECT_EQ(row["ops"].as_uint64(), writers * 4);
+    EXPECT_EQ(row["guest_flushes"].as_uint64(), writers * 3)
+        << row.ToString();
+    CheckRow(row, "write");
+  }
+  EXPECT_TRUE(DirEmpty(dir.path()));
+}
+
 // The rmw rows: fresh overlays (standard and extended L2) and the
 // allocated image per size, then reads at depth 0 and N. The counters show
 // the copy-on-write each row implies; ratios point at the right baseline.

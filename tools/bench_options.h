@@ -27,7 +27,7 @@ struct PatternFlags {
   bool write = false;            // -w
   std::string format;            // -f (empty: probe)
   uint8_t pattern = 0;           // --pattern
-  uint64_t flush_interval = 0;   // --flush-interval (writes only)
+  uint64_t flush_interval = 0;   // --flush-interval (writes; scaling too)
   bool drain_on_flush = true;    // --no-drain clears it
   std::string aio;               // -i (recorded; the engine decides)
   std::string image;             // the argument

@@ -125,6 +125,18 @@ absl::StatusOr<JobResult> RunJob(Queue& queue, const JobSpec& spec) {
   absl::Status error;
   int in_flight = 0;
   uint64_t submitted = 0, unreported = 0;
+  uint64_t since_flush = 0;  // requests submitted since the last flush
+  bool flush_in_flight = false;
+  auto submit_flush = [&]() -> absl::Status {
+    absl::Status s = queue.SubmitFlush([&](absl::Status fs) {
+      flush_in_flight = false;
+      if (!fs.ok() && error.ok()) error = std::move(fs);
+    });
+    if (!s.ok()) return s;
+    flush_in_flight = true;
+    since_flush -= spec.flush_every;  // a flush that came due late still runs
+    return absl::OkStatus();
+  };
   const Clock::time_point t0 = Clock::now();
   const auto deadline = t0 + std::chrono::duration_cast<Clock::duration>(
                                  std::chrono::duration<double>(spec.seconds));
@@ -172,8 +184,13 @@ absl::StatusOr<JobResult> RunJob(Queue& queue, const JobSpec& spec) {
       free_slots.pop_back();
       ++in_flight;
       ++submitted;
+      ++since_flush;
     }
-    if (in_flight == 0) break;
+    if (spec.flush_every != 0 && since_flush >= spec.flush_every &&
+        !flush_in_flight && error.ok()) {
+      if (absl::Status s = submit_flush(); !s.ok()) error = std::move(s);
+    }
+    if (in_flight == 0 && !flush_in_flight) break;
     queue.Poll(1);
   }
   if (error.ok() && spec.flush && !StopRequested()) {

@@ -105,6 +105,11 @@ struct JobSpec {
   double seconds = 0;   // stop submitting after this long (0: no limit)
   uint64_t count = 0;   // stop after this many requests (0: no limit)
   bool flush = false;   // end with a flush (inside the timed span)
+  // Also flush after every this many requests submitted (0: never), one
+  // flush in flight at a time (a flush due while one runs waits for it,
+  // then runs: count / flush_every flushes in all, besides the last).
+  // The queue needs room for it: depth > qd.
+  uint64_t flush_every = 0;
   uint8_t fill = 0xa5;  // the bytes written
   Progress* progress = nullptr;
 };

@@ -109,9 +109,12 @@ const Workload kWorkloads[] = {
      "  --extended-l2=on|off     (default off)\n"
      "  --repeat=N               run every cell N times, rounds interleaved,\n"
      "                           and report the median run (default 3)\n"
+     "  --flush-interval=N       each writer also flushes after every N of\n"
+     "                           its writes (default 0: only at the end)\n"
      "  --plot=FILE.svg          also draw the results as an SVG chart\n",
      {"--writers", "--modes", "--size-per-writer", "--bs", "--qd",
-      "--cluster-size", "--extended-l2", "--repeat", "--plot"},
+      "--cluster-size", "--extended-l2", "--repeat", "--flush-interval",
+      "--plot"},
      true},
     {"qd",
      RunQd,
@@ -161,11 +164,14 @@ const Workload kWorkloads[] = {
      "(each given 4 KiB writes into 1% of its clusters). For each --bs:\n"
      "random writes into a fresh overlay over the base with standard and\n"
      "with extended L2 entries, then the same writes into the fully\n"
-     "allocated base ('vs base' compares IOPS with that row) and into a\n"
-     "fresh sparse raw file (the file system's own cost). Then 4 KiB\n"
-     "random reads of the base and of the top of the chain ('vs base':\n"
-     "against depth 0), in --repeat rounds of both; each read row is the\n"
-     "median round, with the lowest and highest IOPS.\n\n"
+     "allocated base ('vs base' compares IOPS with that row), into a\n"
+     "fresh sparse raw file and into a fresh raw file reserved with\n"
+     "fallocate (the file system's own cost for new blocks). Then 4 KiB\n"
+     "sequential writes into fresh overlays (standard and extended L2)\n"
+     "and into the allocated base. Then 4 KiB random reads of the base\n"
+     "and of the top of the chain ('vs base': against depth 0), in\n"
+     "--repeat rounds of both; each read row is the median round, with\n"
+     "the lowest and highest IOPS.\n\n"
      "  --bs=LIST                write sizes (default 4k,64k)\n"
      "  --qd=N                   queue depth (default 32)\n"
      "  --count=N                writes per write cell (default 10000)\n"

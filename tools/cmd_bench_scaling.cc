@@ -1,6 +1,7 @@
 // qcowtool bench scaling: aggregate sequential write throughput of 1..N
 // writers, each a thread with its own Queue writing its own region, on
-// separate images or one shared image, qcow2 against raw.
+// separate images or one shared image, qcow2 against raw; optionally each
+// writer flushing every --flush-interval writes, as guests do.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -23,6 +24,7 @@ struct Params {
   uint32_t cluster = 64 << 10;
   bool extended_l2 = false;
   int repeat = 3;
+  uint64_t flush_every = 0;  // per writer, besides the final flush
 };
 
 absl::StatusOr<Params> Resolve(const BenchOptions& o) {
@@ -40,6 +42,7 @@ absl::StatusOr<Params> Resolve(const BenchOptions& o) {
   }
   p.extended_l2 = o.extended_l2.value_or("off") == "on";
   p.repeat = o.repeat.value_or(p.repeat);
+  p.flush_every = o.pattern.flush_interval;
   if (p.extended_l2 && p.cluster < (16u << 10)) {
     return OptionError("--extended-l2=on needs --cluster-size of 16k or more");
   }
@@ -110,6 +113,7 @@ absl::StatusOr<Result> RunCell(Env& env, const Params& p, int writers,
                                        p.size_per_writer, p.bs);
     job.spec.count = p.size_per_writer / p.bs;
     job.spec.flush = true;
+    job.spec.flush_every = p.flush_every;
     job.spec.progress = &env.progress;
     jobs.push_back(std::move(job));
   }
@@ -157,6 +161,7 @@ void BuildRows(const Params& p, const std::vector<Result>& results,
         .Set("max_mb_per_s", Value::Num(res.max_mb_per_s));
     AddRateColumns(res.r, &row);
     AddIoColumns(res.delta, Op::kWrite, &row);
+    row.Set("guest_flushes", Value::Uint(res.delta.guest_flush_ops));
     std::optional<double> ratio;
     if (!absl::StartsWith(res.mode, "raw-")) {
       const std::optional<double> raw = RawMbPerS(results, res);
@@ -197,7 +202,8 @@ absl::Status RunScaling(Env& env, Report* report) {
       .Set("cluster_size", Value::Uint(p->cluster))
       .Set("extended_l2", Value::Bool(p->extended_l2))
       .Set("modes", Value::Str(modes))
-      .Set("repeat", Value::Uint(p->repeat));
+      .Set("repeat", Value::Uint(p->repeat))
+      .Set("flush_interval", Value::Uint(p->flush_every));
 
   // Rounds: every cell once per round, so that a drift of the device (burst
   // credit, another tenant) lands on every mode alike rather than on the
