@@ -123,12 +123,12 @@ absl::StatusOr<MetadataCache::Handle> MetadataCache::GetNew(uint64_t offset) {
   if (it != map_.end()) {
     lru_.splice(lru_.begin(), lru_, it->second.lru);
     std::fill(it->second.entry->data.begin(), it->second.entry->data.end(), 0);
-    it->second.entry->dirty = true;
+    it->second.entry->MarkAllDirty();
     return it->second.entry;
   }
   RETURN_IF_ERROR(MakeRoom());
   Handle e = Insert(offset);
-  e->dirty = true;
+  e->MarkAllDirty();
   return e;
 }
 
@@ -166,9 +166,16 @@ absl::Status MetadataCache::FlushDependencies() {
 absl::Status MetadataCache::WriteEntry(Entry& e) {
   RETURN_IF_ERROR(FlushDependencies());
   ++epoch_;
-  if (write_hook_) write_hook_(e.offset, entry_size_);
-  if (write_counter_ != nullptr) CountMetadata(write_counter_, entry_size_);
-  absl::Status s = file_->WriteAt(e.offset, absl::MakeConstSpan(e.data));
+  // Only the changed bytes, in whole aligned blocks; the rest of the entry
+  // on disk already equals the cache.
+  const uint32_t align = std::min(kWriteAlign, entry_size_);
+  const uint32_t begin = e.dirty_begin / align * align;
+  const uint32_t end = std::min(
+      entry_size_, (std::max(e.dirty_end, begin + 1) + align - 1) / align * align);
+  if (write_hook_) write_hook_(e.offset + begin, end - begin);
+  if (write_counter_ != nullptr) CountMetadata(write_counter_, end - begin);
+  absl::Status s = file_->WriteAt(
+      e.offset + begin, absl::MakeConstSpan(e.data).subspan(begin, end - begin));
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat("writing ", what_, " at ",
                                                e.offset, ": ", s.message()));

@@ -23,6 +23,7 @@
 #ifndef QCOW2_LIB_CACHE_METADATA_CACHE_H_
 #define QCOW2_LIB_CACHE_METADATA_CACHE_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <list>
@@ -77,7 +78,30 @@ class MetadataCache {
     uint64_t offset = 0;
     std::vector<uint8_t> data;
     bool dirty = false;
+    // While dirty: the bytes changed since the entry was last written,
+    // [dirty_begin, dirty_end). A write-back writes only those, widened to
+    // kWriteAlign: a flush after a few refcount changes writes 4 KiB of a
+    // 64 KiB refcount block, not all of it.
+    uint32_t dirty_begin = 0;
+    uint32_t dirty_end = 0;
+
+    // Every change to `data` is followed by one of these.
+    void MarkAllDirty() { MarkDirty(0, static_cast<uint32_t>(data.size())); }
+    void MarkDirty(uint32_t begin, uint32_t len) {
+      const uint32_t end = begin + len;
+      if (!dirty) {
+        dirty_begin = begin;
+        dirty_end = end;
+      } else {
+        dirty_begin = std::min(dirty_begin, begin);
+        dirty_end = std::max(dirty_end, end);
+      }
+      dirty = true;
+    }
   };
+  // Write-backs of part of an entry start and end on multiples of this
+  // (or of the entry size, if smaller): a whole block for O_DIRECT files.
+  static constexpr uint32_t kWriteAlign = 4096;
   // A pinned entry: it is not evicted while a handle to it is alive.
   using Handle = std::shared_ptr<Entry>;
 
@@ -121,7 +145,7 @@ class MetadataCache {
   // (for newly allocated tables).
   absl::StatusOr<Handle> GetNew(uint64_t offset);
 
-  void MarkDirty(const Handle& h) { h->dirty = true; }
+  static void MarkDirty(const Handle& h) { h->MarkAllDirty(); }
 
   // Writes every dirty entry (after the dependencies), then runs the
   // flush tail, if any. Does not flush the file afterwards.

@@ -36,9 +36,10 @@ uint64_t L2Ref::bitmap() const {
 }
 
 void L2Ref::Set(uint64_t entry, uint64_t bitmap) {
-  StoreBE64(&slice->data[index * (extended ? 16 : 8)], entry);
+  const uint32_t size = extended ? 16 : 8;
+  StoreBE64(&slice->data[index * size], entry);
   if (extended) StoreBE64(&slice->data[index * 16 + 8], bitmap);
-  slice->dirty = true;
+  slice->MarkDirty(static_cast<uint32_t>(index * size), size);
 }
 
 ClusterMap::ClusterMap(File* file, const std::string& filename,

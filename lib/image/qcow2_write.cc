@@ -180,7 +180,7 @@ absl::StatusOr<L2Ref> Qcow2Layer::L2ForWrite(uint64_t cluster) {
       ASSIGN_OR_RETURN(MetadataCache::Handle old,
                        cache.Get(old_table + s * g.slice_bytes));
       slice->data = old->data;
-      slice->dirty = true;
+      slice->MarkAllDirty();
     }
   }
   EmitEvent("l2-alloc");

@@ -361,7 +361,9 @@ absl::Status Refcounts::Update(uint64_t offset, uint64_t len, int64_t delta) {
       RETURN_IF_ERROR(CheckNotMetadata(c, "its refcount would drop to 0"));
     }
     WriteEntry(block->data.data(), c % block_entries_, next);
-    cache_.MarkDirty(block);
+    const uint64_t bit = (c % block_entries_) << refcount_order_;
+    block->MarkDirty(static_cast<uint32_t>(bit / 8),
+                     std::max<uint32_t>(1, (1u << refcount_order_) / 8));
     if (next == 0) {
       if (!quarantine_.empty() && quarantine_.back().second == c) {
         quarantine_.back().second = c + 1;
