@@ -105,7 +105,7 @@ TEST(MissDeferralCache, EntryThatMayBeStaleIsDropped) {
   {
     ASSERT_OK_AND_ASSIGN(MetadataCache::Handle h, cache.Get(0));
     h->data[0] = 0xee;
-    cache.MarkDirty(h);
+    h->MarkAllDirty();
   }
   ASSERT_OK(cache.Flush());
   cache.Invalidate(0, 512);

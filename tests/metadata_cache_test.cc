@@ -81,7 +81,7 @@ TEST_F(MetadataCacheWriteTest, NewAndWhollyDirtyEntriesAreWrittenWhole) {
   ASSERT_OK_AND_ASSIGN(MetadataCache::Handle e, cache_.Get(kEntry));
   Change(e, 300, 8, 3);
   e->data[60000] = 4;
-  MetadataCache::MarkDirty(e);  // a change without a range: all of it
+  e->MarkAllDirty();  // a change without a range: all of it
   ASSERT_OK(cache_.Flush());
   ASSERT_EQ(writes_.size(), 2u);
   EXPECT_EQ(writes_[0], std::make_pair(uint64_t{kEntry}, kEntry));

@@ -127,16 +127,6 @@ absl::StatusOr<JobResult> RunJob(Queue& queue, const JobSpec& spec) {
   uint64_t submitted = 0, unreported = 0;
   uint64_t since_flush = 0;  // requests submitted since the last flush
   bool flush_in_flight = false;
-  auto submit_flush = [&]() -> absl::Status {
-    absl::Status s = queue.SubmitFlush([&](absl::Status fs) {
-      flush_in_flight = false;
-      if (!fs.ok() && error.ok()) error = std::move(fs);
-    });
-    if (!s.ok()) return s;
-    flush_in_flight = true;
-    since_flush -= spec.flush_every;  // a flush that came due late still runs
-    return absl::OkStatus();
-  };
   const Clock::time_point t0 = Clock::now();
   const auto deadline = t0 + std::chrono::duration_cast<Clock::duration>(
                                  std::chrono::duration<double>(spec.seconds));
@@ -188,7 +178,16 @@ absl::StatusOr<JobResult> RunJob(Queue& queue, const JobSpec& spec) {
     }
     if (spec.flush_every != 0 && since_flush >= spec.flush_every &&
         !flush_in_flight && error.ok()) {
-      if (absl::Status s = submit_flush(); !s.ok()) error = std::move(s);
+      absl::Status s = queue.SubmitFlush([&](absl::Status fs) {
+        flush_in_flight = false;
+        if (!fs.ok() && error.ok()) error = std::move(fs);
+      });
+      if (s.ok()) {
+        flush_in_flight = true;
+        since_flush -= spec.flush_every;  // one that came due late still runs
+      } else {
+        error = std::move(s);
+      }
     }
     if (in_flight == 0 && !flush_in_flight) break;
     queue.Poll(1);

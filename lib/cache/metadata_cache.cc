@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "lib/engine/plan.h"
+#include "lib/util/math.h"
 #include "lib/util/status_macros.h"
 
 namespace qcow2::internal {
@@ -168,10 +169,9 @@ absl::Status MetadataCache::WriteEntry(Entry& e) {
   ++epoch_;
   // Only the changed bytes, in whole aligned blocks; the rest of the entry
   // on disk already equals the cache.
-  const uint32_t align = std::min(kWriteAlign, entry_size_);
-  const uint32_t begin = e.dirty_begin / align * align;
-  const uint32_t end = std::min(
-      entry_size_, (std::max(e.dirty_end, begin + 1) + align - 1) / align * align);
+  const uint32_t align = std::min(kWriteAlign, entry_size_);  // powers of 2
+  const uint32_t begin = static_cast<uint32_t>(AlignDown(e.dirty_begin, align));
+  const uint32_t end = static_cast<uint32_t>(AlignUp(e.dirty_end, align));
   if (write_hook_) write_hook_(e.offset + begin, end - begin);
   if (write_counter_ != nullptr) CountMetadata(write_counter_, end - begin);
   absl::Status s = file_->WriteAt(

@@ -145,8 +145,6 @@ class MetadataCache {
   // (for newly allocated tables).
   absl::StatusOr<Handle> GetNew(uint64_t offset);
 
-  static void MarkDirty(const Handle& h) { h->MarkAllDirty(); }
-
   // Writes every dirty entry (after the dependencies), then runs the
   // flush tail, if any. Does not flush the file afterwards.
   absl::Status Flush();
