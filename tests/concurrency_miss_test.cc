@@ -4,9 +4,7 @@
 // a read does not hold up other requests on the same image.
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <future>
-#include <mutex>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -14,6 +12,7 @@
 #include "lib/engine/plan.h"
 #include "lib/io/memory_file.h"
 #include "qcow2/image.h"
+#include "tests/util/gate_file.h"
 #include "tests/util/model.h"
 #include "tests/util/test_util.h"
 
@@ -162,71 +161,6 @@ TEST(MissDeferralCache, ReadAheadBringsInTheWholeUnit) {
   EXPECT_EQ(d2.read_len, 512u);
 }
 
-// A file whose reads of exactly `gated_size` bytes wait until released.
-class GateFile : public File {
- public:
-  GateFile(std::unique_ptr<File> inner, size_t gated_size)
-      : inner_(std::move(inner)), gated_size_(gated_size) {}
-
-  absl::Status ReadAt(uint64_t offset, absl::Span<uint8_t> buf) override {
-    if (buf.size() == gated_size_ && armed_.load()) {
-      std::unique_lock<std::mutex> lock(mu_);
-      ++blocked_;
-      cv_.notify_all();
-      cv_.wait(lock, [this] { return !armed_.load(); });
-    }
-    return inner_->ReadAt(offset, buf);
-  }
-  absl::Status WriteAt(uint64_t offset, absl::Span<const uint8_t> d) override {
-    return inner_->WriteAt(offset, d);
-  }
-  absl::Status Flush() override { return inner_->Flush(); }
-  absl::StatusOr<uint64_t> Size() override { return inner_->Size(); }
-  absl::Status Truncate(uint64_t size) override {
-    return inner_->Truncate(size);
-  }
-  const std::string& name() const override { return inner_->name(); }
-
-  void Arm() { armed_ = true; }
-  void Release() {
-    std::lock_guard<std::mutex> lock(mu_);
-    armed_ = false;
-    cv_.notify_all();
-  }
-  // Waits until a gated read is blocked; false after 30 s.
-  bool WaitBlocked() {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, std::chrono::seconds(30),
-                        [this] { return blocked_ > 0; });
-  }
-
- private:
-  std::unique_ptr<File> inner_;
-  const size_t gated_size_;
-  std::atomic<bool> armed_{false};
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int blocked_ = 0;
-};
-
-class GateOpener : public FileOpener {
- public:
-  explicit GateOpener(size_t gated_size) : gated_size_(gated_size) {}
-  absl::StatusOr<std::unique_ptr<File>> Open(const std::string& path,
-                                             const FileOptions& opts) override {
-    auto f = OpenPosixFile(path, opts);
-    if (!f.ok()) return f.status();
-    auto g = std::make_unique<GateFile>(std::move(*f), gated_size_);
-    last_ = g.get();
-    return std::unique_ptr<File>(std::move(g));
-  }
-  GateFile* last() const { return last_; }
-
- private:
-  const size_t gated_size_;
-  GateFile* last_ = nullptr;
-};
-
 // Creates a qcow2 image of `disk` bytes with 64 KiB clusters, written all
 // over in 1 MiB pieces (Pattern(1 MiB, ...)), and returns it open
 // read-write.
@@ -261,7 +195,7 @@ TEST(MissDeferral, RequestsGoOnWhileAnL2SliceIsRead) {
     ASSERT_OK(image->Close());
   }
   // 512-byte slices map 4 MiB each; guest I/O here is never 512 bytes.
-  GateOpener opener(512);
+  testing::GateOpener opener({.read_size = 512});
   OpenOptions oo;
   oo.read_write = true;
   oo.l2_slice_bytes = 512;
@@ -269,7 +203,7 @@ TEST(MissDeferral, RequestsGoOnWhileAnL2SliceIsRead) {
   oo.l2_cache_bytes = 64 << 10;
   oo.opener = &opener;
   ASSERT_OK_AND_ASSIGN(auto image, Image::Open(path, oo));
-  GateFile* gate = opener.last();
+  testing::GateFile* gate = opener.last();
   ASSERT_NE(gate, nullptr);
   std::vector<uint8_t> buf(1000), want(1000);
   ASSERT_OK(image->Read(0, absl::MakeSpan(buf)));  // slice 0 cached

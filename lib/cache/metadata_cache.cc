@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "lib/cache/write_back_file.h"
 #include "lib/engine/plan.h"
 #include "lib/util/math.h"
 #include "lib/util/status_macros.h"
@@ -34,6 +35,8 @@ MissDeferral* MissDeferral::Active() {
 MetadataCache::MetadataCache(File* file, uint32_t entry_size, size_t capacity,
                              std::string what)
     : file_(file),
+      write_back_(dynamic_cast<WriteBackFile*>(file)),
+      read_file_(write_back_ != nullptr ? write_back_->base() : file),
       entry_size_(entry_size),
       capacity_(capacity < 4 ? 4 : capacity),
       what_(std::move(what)) {}
@@ -140,7 +143,7 @@ absl::Status MetadataCache::MakeRoom() {
     --it;
     Slot& slot = map_[*it];
     if (slot.entry.use_count() > 1) continue;
-    if (slot.entry->dirty) RETURN_IF_ERROR(WriteEntry(*slot.entry));
+    if (slot.entry->dirty) RETURN_IF_ERROR(WriteEntry(slot.entry));
     map_.erase(*it);
     lru_.erase(it);
     return absl::OkStatus();
@@ -164,8 +167,9 @@ absl::Status MetadataCache::FlushDependencies() {
   return absl::OkStatus();
 }
 
-absl::Status MetadataCache::WriteEntry(Entry& e) {
+absl::Status MetadataCache::WriteEntry(const Handle& handle) {
   RETURN_IF_ERROR(FlushDependencies());
+  Entry& e = *handle;
   ++epoch_;
   // Only the changed bytes, in whole aligned blocks; the rest of the entry
   // on disk already equals the cache.
@@ -181,24 +185,27 @@ absl::Status MetadataCache::WriteEntry(Entry& e) {
                                                e.offset, ": ", s.message()));
   }
   e.dirty = false;
+  // A recorded write is not on disk yet: the entry must not be evicted
+  // and read back before it is.
+  if (write_back_ != nullptr) write_back_->Pin(handle);
   return absl::OkStatus();
 }
 
 absl::Status MetadataCache::Flush() {
   // Write in offset order: the file sees sequential-ish writes.
-  std::vector<Entry*> dirty;
+  std::vector<Handle> dirty;
   for (auto& [offset, slot] : map_) {
-    if (slot.entry->dirty) dirty.push_back(slot.entry.get());
+    if (slot.entry->dirty) dirty.push_back(slot.entry);
   }
   if (dirty.empty()) {
     // Nothing waits on the dependency; dropping it keeps the graph acyclic
     // (every later change sets its own dependency first).
     depends_on_ = nullptr;
   } else {
-    std::sort(dirty.begin(), dirty.end(), [](const Entry* a, const Entry* b) {
+    std::sort(dirty.begin(), dirty.end(), [](const Handle& a, const Handle& b) {
       return a->offset < b->offset;
     });
-    for (Entry* e : dirty) RETURN_IF_ERROR(WriteEntry(*e));
+    for (const Handle& e : dirty) RETURN_IF_ERROR(WriteEntry(e));
   }
   return flush_tail_ ? flush_tail_() : absl::OkStatus();
 }

@@ -41,6 +41,7 @@ namespace qcow2::internal {
 
 class IoPlan;
 class MetadataCache;
+class WriteBackFile;
 
 // Installed on a thread while the engine plans one request whose executor
 // can fetch a missing entry itself. A miss is deferred only while `plan` is
@@ -139,6 +140,10 @@ class MetadataCache {
   void set_readahead(uint32_t unit) { readahead_ = unit; }
 
   File* file() const { return file_; }
+  // The file a deferred miss reads, with no lock held: under a
+  // WriteBackFile, the file beneath it (an entry whose recorded write-back
+  // is still queued stays pinned here, so it is never the one missing).
+  File* read_file() const { return read_file_; }
   const std::string& what() const { return what_; }
 
   // Returns a zero-filled dirty entry for `offset` without reading the file
@@ -182,11 +187,14 @@ class MetadataCache {
   };
 
   absl::Status MakeRoom();
-  absl::Status WriteEntry(Entry& e);
+  absl::Status WriteEntry(const Handle& e);
   absl::Status FlushDependencies();
   Handle Insert(uint64_t offset);
 
   File* const file_;
+  // file_ if it is a WriteBackFile: entries it records are pinned to it.
+  WriteBackFile* const write_back_;
+  File* const read_file_;
   const uint32_t entry_size_;
   const size_t capacity_;
   const std::string what_;

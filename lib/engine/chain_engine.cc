@@ -232,12 +232,14 @@ void Chain::PlanLocked(Request* r) {
           r->status = std::move(s);
           break;
         }
-        absl::StatusOr<uint64_t> gen = top->BeginFlush();
-        if (!gen.ok()) {
-          r->status = gen.status();
+        absl::StatusOr<Qcow2Layer::FlushTicket> t = top->BeginFlush();
+        if (!t.ok()) {
+          r->status = t.status();
           break;
         }
-        r->flush_generation = *gen;
+        r->flush_generation = t->generation;
+        r->flush_meta = top->meta_file();
+        r->flush_write_back = t->write_back;
       }
       r->flush_file = layers_[0]->file();
       break;
@@ -280,7 +282,7 @@ void Chain::PlanDeferringMisses(Request* r,
   r->miss_cache = cache;
   r->miss_epoch = deferral.epoch;
   r->miss_op = IoOp();
-  r->miss_op.file = cache->file();
+  r->miss_op.file = cache->read_file();
   r->miss_offset = deferral.offset;
   r->miss_op.offset = deferral.read_start;
   r->miss_op.category = IoCategory::kMetadata;
@@ -382,7 +384,10 @@ absl::Status Chain::RunSync(Request* r) {
   }
   if (r->status.ok()) {
     if (r->kind == Request::kFlush) {
-      if (r->flush_file != nullptr) {
+      if (r->flush_meta != nullptr) {
+        r->status = r->flush_meta->WriteBack(r->flush_write_back);
+      }
+      if (r->status.ok() && r->flush_file != nullptr) {
         r->stats.host_flushes++;
         r->status = r->flush_file->Flush();
       }

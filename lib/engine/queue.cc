@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "lib/cache/write_back_file.h"
 #include "lib/chain/chain.h"
 #include "lib/engine/request.h"
 #include "lib/io/posix_file.h"
@@ -238,6 +239,11 @@ class QueueImpl final : public Waiter, public Chain::StatsSource {
           for (IoOp& op : r->plan.writes) Issue(r, &op, kOpWrite);
           break;
         case 2:
+          if (r->status.ok() && r->flush_meta != nullptr) {
+            // The flush's metadata write-back, with blocking I/O on this
+            // thread, after its turn among other flushes' (no lock held).
+            r->status = r->flush_meta->WriteBack(r->flush_write_back);
+          }
           if (r->status.ok() && r->kind == Request::kFlush &&
               r->flush_file != nullptr) {
             r->stats.host_flushes++;

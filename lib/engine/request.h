@@ -15,6 +15,7 @@
 namespace qcow2::internal {
 
 class MetadataCache;
+class WriteBackFile;
 struct Request;
 
 // Told when a request that had to wait for overlapping requests may go on.
@@ -74,6 +75,10 @@ struct Request {
   File* flush_file = nullptr;  // kFlush: the file to flush
   IoOp flush_op;
   uint64_t flush_generation = 0;
+  // kFlush on a qcow2 top: its metadata write-back, recorded while planned
+  // and carried out before flush_file is flushed.
+  WriteBackFile* flush_meta = nullptr;
+  uint64_t flush_write_back = 0;
   absl::Status status;
   IoStats stats;
 

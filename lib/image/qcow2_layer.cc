@@ -40,7 +40,9 @@ absl::StatusOr<std::vector<uint8_t>> ReadCluster0(File* file) {
 
 Qcow2Layer::Qcow2Layer(std::unique_ptr<File> file, Header header,
                        uint64_t file_size)
-    : file_(std::move(file)), header_(std::move(header)),
+    : file_(std::move(file)),
+      meta_(std::make_unique<WriteBackFile>(file_.get())),
+      header_(std::move(header)),
       file_size_(file_size) {}
 
 Qcow2Layer::~Qcow2Layer() = default;
@@ -89,7 +91,7 @@ absl::StatusOr<std::unique_ptr<Qcow2Layer>> Qcow2Layer::Open(
   const Header& hh = layer->header_;
   Geometry g = Geometry::From(hh, opts.l2_slice_bytes);
   layer->map_ = std::make_unique<ClusterMap>(
-      layer->file_.get(), name, g, std::move(l1), hh.l1_table_offset,
+      layer->meta_.get(), name, g, std::move(l1), hh.l1_table_offset,
       opts.l2_cache_bytes);
   layer->map_->l2_cache().set_counters(&IoStats::l2_read_bytes,
                                        &IoStats::l2_write_bytes);
@@ -107,7 +109,7 @@ absl::Status Qcow2Layer::OpenForWriting(const OpenOptions& opts) {
                                         h.refcount_table_clusters,
                                         h.cluster_bits, file_->name()));
   Refcounts::Params p;
-  p.file = file_.get();
+  p.file = meta_.get();
   p.filename = file_->name();
   p.cluster_bits = h.cluster_bits;
   p.refcount_order = h.refcount_order;

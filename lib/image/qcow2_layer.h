@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "lib/cache/write_back_file.h"
 #include "lib/chain/layer.h"
 #include "lib/cluster/cluster_map.h"
 #include "lib/cluster/metadata_set.h"
@@ -128,12 +129,22 @@ class Qcow2Layer : public Layer {
   // fully covered clusters are released. Blocking I/O.
   absl::Status Zero(uint64_t offset, uint64_t len, bool free_clusters);
   absl::Status Flush() override;
-  // Flush in two halves around the file flush, so that the file flush can
-  // run without the caller's lock: BeginFlush writes metadata back and
-  // returns a generation; FinishFlush(generation) runs after the file flush
-  // and releases clusters freed before BeginFlush.
-  absl::StatusOr<uint64_t> BeginFlush();
+  // Flush in three steps, so that the metadata write-back and the file
+  // flush run without the caller's lock:
+  //  - BeginFlush (under the lock) records the metadata write-back: the
+  //    writes and file flushes it takes, in order (WriteBackFile);
+  //  - the caller, with no lock held, calls meta_file()->WriteBack(ticket),
+  //    then flushes file();
+  //  - FinishFlush(generation), under the lock again, releases the clusters
+  //    freed before BeginFlush.
+  struct FlushTicket {
+    uint64_t generation = 0;
+    uint64_t write_back = 0;
+  };
+  absl::StatusOr<FlushTicket> BeginFlush();
   void FinishFlush(uint64_t generation);
+  // Every metadata write goes through this file (see BeginFlush).
+  WriteBackFile* meta_file() { return meta_.get(); }
   absl::Status Close() override;
   // Grows the virtual size, reallocating the L1 table if needed.
   absl::Status Grow(uint64_t new_size);
@@ -281,6 +292,9 @@ class Qcow2Layer : public Layer {
                                uint64_t len);
 
   std::unique_ptr<File> file_;
+  // Over file_, for every metadata write and file flush of the layer's
+  // own; guest data goes to file_ directly.
+  std::unique_ptr<WriteBackFile> meta_;
   Header header_;
   uint64_t file_size_;
   // The file's length as last set by GrowAhead (0: never grown).

@@ -34,8 +34,8 @@ absl::Status Qcow2Layer::WriteHeaderFields() {
   size_t n = header_.version >= 3 ? header_.header_length : kV2HeaderLength;
   CountMetadata(&IoStats::header_write_bytes, n);
   CountMetadata(&IoStats::host_flushes, 1);
-  RETURN_IF_ERROR(file_->WriteAt(0, absl::MakeConstSpan(enc.data(), n)));
-  return file_->Flush();
+  RETURN_IF_ERROR(meta_->WriteAt(0, absl::MakeConstSpan(enc.data(), n)));
+  return meta_->Flush();
 }
 
 absl::Status Qcow2Layer::PrepareWrite() {
@@ -144,7 +144,7 @@ absl::Status Qcow2Layer::WriteL1Entry(uint64_t index) {
   StoreBE64(buf, map_->l1()[index]);
   EmitEvent("l1-update");
   CountMetadata(&IoStats::l1_write_bytes, 8);
-  return file_->WriteAt(map_->l1_offset() + index * 8,
+  return meta_->WriteAt(map_->l1_offset() + index * 8,
                         absl::MakeConstSpan(buf, 8));
 }
 
@@ -200,7 +200,7 @@ absl::StatusOr<L2Ref> Qcow2Layer::L2ForWrite(uint64_t cluster) {
   // copy and its refcount are durable.
   CountMetadata(&IoStats::host_flushes, 1);
   RETURN_IF_ERROR(cache.Flush());
-  RETURN_IF_ERROR(file_->Flush());
+  RETURN_IF_ERROR(meta_->Flush());
   // If the L1 write fails, memory must keep agreeing with the disk, or
   // later writes would land in a table no durable L1 entry names.
   map_->SetL1(idx, table | kOflagCopied);
@@ -208,7 +208,7 @@ absl::StatusOr<L2Ref> Qcow2Layer::L2ForWrite(uint64_t cluster) {
     map_->SetL1(idx, l1e);
     return s;
   }
-  RETURN_IF_ERROR(file_->Flush());
+  RETURN_IF_ERROR(meta_->Flush());
   RETURN_IF_ERROR(refcounts_->Update(old_table, g.cluster_size, -1));
   return map_->Lookup(cluster);
 }
@@ -220,7 +220,7 @@ absl::Status Qcow2Layer::WriteL1Entries() {
   RETURN_IF_ERROR(map_->l2_cache().Flush());
   RETURN_IF_ERROR(refcounts_->Flush());
   CountMetadata(&IoStats::host_flushes, 1);
-  RETURN_IF_ERROR(file_->Flush());
+  RETURN_IF_ERROR(meta_->Flush());
   std::sort(unwritten_l1_entries_.begin(), unwritten_l1_entries_.end());
   while (!unwritten_l1_entries_.empty()) {
     // Kept on failure: the next flush writes it again.
@@ -260,9 +260,9 @@ absl::Status Qcow2Layer::Grow(uint64_t new_size) {
   std::vector<uint8_t> raw(clusters * g.cluster_size, 0);
   for (uint64_t i = 0; i < needed; ++i) StoreBE64(&raw[i * 8], l1[i]);
   CountMetadata(&IoStats::l1_write_bytes, raw.size());
-  absl::Status s = file_->WriteAt(table, raw);
+  absl::Status s = meta_->WriteAt(table, raw);
   if (s.ok()) s = refcounts_->cache().Flush();
-  if (s.ok()) s = file_->Flush();
+  if (s.ok()) s = meta_->Flush();
   if (!s.ok()) return Fail(std::move(s));
   const Header old_header = header_;
   const uint64_t old_offset = header_.l1_table_offset;
@@ -280,19 +280,25 @@ absl::Status Qcow2Layer::Grow(uint64_t new_size) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint64_t> Qcow2Layer::BeginFlush() {
+absl::StatusOr<Qcow2Layer::FlushTicket> Qcow2Layer::BeginFlush() {
   if (marked_corrupt_) {
     return absl::DataLossError(absl::StrCat(
         file_->name(), " was marked corrupt after an inconsistency; writes "
                        "not flushed before that are lost"));
   }
-  if (!writable_ || closed_) return uint64_t{0};
+  if (!writable_ || closed_) return FlushTicket{};
+  // Recorded, not written: nothing here does I/O. (Only Fail's header
+  // write could, on kDataLoss, after the recording ends.)
+  meta_->BeginRecord();
   absl::Status s = map_->l2_cache().Flush();
   if (s.ok()) s = refcounts_->Flush();
   if (s.ok()) s = WriteL1Entries();
+  if (s.ok()) EmitEvent("flush");
+  FlushTicket ticket;
+  ticket.write_back = meta_->EndRecord();
   if (!s.ok()) return Fail(std::move(s));
-  EmitEvent("flush");
-  return refcounts_->SealQuarantine();
+  ticket.generation = refcounts_->SealQuarantine();
+  return ticket;
 }
 
 void Qcow2Layer::FinishFlush(uint64_t generation) {
@@ -303,11 +309,12 @@ absl::Status Qcow2Layer::Flush() {
   if (writable_ && !closed_ && !marked_corrupt_) {
     RETURN_IF_ERROR(SettleAllPending());
   }
-  ASSIGN_OR_RETURN(uint64_t generation, BeginFlush());
+  ASSIGN_OR_RETURN(FlushTicket ticket, BeginFlush());
   if (!writable_ || closed_) return absl::OkStatus();
+  RETURN_IF_ERROR(meta_->WriteBack(ticket.write_back));
   CountMetadata(&IoStats::host_flushes, 1);
   if (absl::Status s = file_->Flush(); !s.ok()) return Fail(std::move(s));
-  FinishFlush(generation);
+  FinishFlush(ticket.generation);
   return absl::OkStatus();
 }
 
@@ -337,8 +344,8 @@ absl::Status Qcow2Layer::Close() {
         {file_size_, data_end_,
          refcounts_->metadata_end_cluster() << header_.cluster_bits});
     if (used < grown_to_) {
-      RETURN_IF_ERROR(file_->Truncate(used));
-      RETURN_IF_ERROR(file_->Flush());
+      RETURN_IF_ERROR(meta_->Truncate(used));
+      RETURN_IF_ERROR(meta_->Flush());
     }
     grown_to_ = 0;
   }

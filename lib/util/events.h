@@ -19,9 +19,24 @@ void SetEventHook(EventHook* hook);
 
 extern std::atomic<EventHook*> g_event_hook;
 
+// Takes the events emitted on one thread while installed, instead of the
+// hook: for I/O that is decided now and carried out later (a flush's
+// metadata write-back, recorded under the image's lock), whose events are
+// emitted again when the I/O runs. Only events a hook would see are taken.
+class EventCapture {
+ public:
+  virtual ~EventCapture() = default;
+  virtual void Captured(std::string_view event) = 0;
+};
+// Installs `capture` on the calling thread (nullptr removes it); returns
+// the one it replaces.
+EventCapture* SetThreadEventCapture(EventCapture* capture);
+
+void DispatchEvent(EventHook* hook, std::string_view event);
+
 inline void EmitEvent(std::string_view event) {
   EventHook* hook = g_event_hook.load(std::memory_order_relaxed);
-  if (hook != nullptr) (*hook)(event);
+  if (hook != nullptr) DispatchEvent(hook, event);
 }
 
 }  // namespace qcow2::internal

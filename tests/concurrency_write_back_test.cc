@@ -1,0 +1,315 @@
+// A flush's metadata write-back runs without the image's lock
+// (lib/cache/write_back_file.h): the write-back file's ordering rules, and
+// requests going on while a flush writes metadata.
+#include "lib/cache/write_back_file.h"
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "lib/cache/metadata_cache.h"
+#include "lib/io/memory_file.h"
+#include "lib/util/events.h"
+#include "qcow2/image.h"
+#include "tests/util/gate_file.h"
+#include "tests/util/model.h"
+#include "tests/util/test_util.h"
+
+namespace qcow2 {
+namespace {
+
+using internal::MemoryFile;
+using internal::MemoryStore;
+using internal::WriteBackFile;
+using ::testing::ElementsAre;
+using testing::GateFile;
+using testing::GateOpener;
+using testing::TempDir;
+
+// A file that logs what reaches it ("w<offset>", "flush"), and can fail
+// its Nth operation once.
+class OpLogFile : public File {
+ public:
+  OpLogFile()
+      : inner_("mem", std::make_shared<MemoryStore>(), /*read_only=*/false) {}
+
+  absl::Status ReadAt(uint64_t offset, absl::Span<uint8_t> buf) override {
+    return inner_.ReadAt(offset, buf);
+  }
+  absl::Status WriteAt(uint64_t offset,
+                       absl::Span<const uint8_t> data) override {
+    if (absl::Status s = Op(absl::StrCat("w", offset)); !s.ok()) return s;
+    return inner_.WriteAt(offset, data);
+  }
+  absl::Status Flush() override { return Op("flush"); }
+  absl::StatusOr<uint64_t> Size() override { return inner_.Size(); }
+  absl::Status Truncate(uint64_t size) override {
+    if (absl::Status s = Op(absl::StrCat("truncate", size)); !s.ok()) return s;
+    return inner_.Truncate(size);
+  }
+  const std::string& name() const override { return inner_.name(); }
+
+  std::vector<std::string>* ops = &own_ops_;
+  int fail_at = 0;  // 1-based; 0: never
+
+ private:
+  absl::Status Op(std::string what) {
+    if (++count_ == fail_at) return absl::InternalError("injected fault");
+    ops->push_back(std::move(what));
+    return absl::OkStatus();
+  }
+
+  MemoryFile inner_;
+  std::vector<std::string> own_ops_;
+  int count_ = 0;
+};
+
+absl::Span<const uint8_t> Bytes(const std::string& s) {
+  return absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(s.data()),
+                             s.size());
+}
+
+TEST(WriteBackFile, RecordedWritesReachTheFileOnlyAtWriteBack) {
+  OpLogFile base;
+  WriteBackFile wb(&base);
+  wb.BeginRecord();
+  ASSERT_OK(wb.WriteAt(0, Bytes("aaaa")));
+  ASSERT_OK(wb.Flush());
+  ASSERT_OK(wb.WriteAt(8, Bytes("bbbb")));
+  const uint64_t ticket = wb.EndRecord();
+  EXPECT_TRUE(base.ops->empty());
+  EXPECT_EQ(wb.queued(), 1u);
+  ASSERT_OK(wb.WriteBack(ticket));
+  EXPECT_THAT(*base.ops, ElementsAre("w0", "flush", "w8"));
+  EXPECT_EQ(wb.queued(), 0u);
+  std::vector<uint8_t> got(12);
+  ASSERT_OK(base.ReadAt(0, absl::MakeSpan(got)));
+  EXPECT_EQ(std::string(got.begin(), got.end()),
+            std::string("aaaa\0\0\0\0bbbb", 12));
+  // Written once: the ticket is done.
+  ASSERT_OK(wb.WriteBack(ticket));
+  EXPECT_EQ(base.ops->size(), 3u);
+  // A recording with nothing in it queues nothing.
+  wb.BeginRecord();
+  EXPECT_EQ(wb.EndRecord(), ticket);
+}
+
+TEST(WriteBackFile, OtherWritesWaitForQueuedLogs) {
+  OpLogFile base;
+  WriteBackFile wb(&base);
+  wb.BeginRecord();
+  ASSERT_OK(wb.WriteAt(0, Bytes("old")));
+  ASSERT_OK(wb.Flush());
+  wb.EndRecord();
+  // A write outside a recording (an eviction, say) writes the queued log
+  // first, so the disk never sees it out of order.
+  ASSERT_OK(wb.WriteAt(0, Bytes("new")));
+  EXPECT_THAT(*base.ops, ElementsAre("w0", "flush", "w0"));
+  std::vector<uint8_t> got(3);
+  ASSERT_OK(base.ReadAt(0, absl::MakeSpan(got)));
+  EXPECT_EQ(std::string(got.begin(), got.end()), "new");
+  // Size changes are not recorded.
+  wb.BeginRecord();
+  EXPECT_EQ(wb.Truncate(4096).code(), absl::StatusCode::kInternal);
+  wb.EndRecord();
+}
+
+TEST(WriteBackFile, AFailedLogStaysQueuedAndIsWrittenFirst) {
+  OpLogFile base;
+  base.fail_at = 2;  // the flush of the first log
+  WriteBackFile wb(&base);
+  wb.BeginRecord();
+  ASSERT_OK(wb.WriteAt(0, Bytes("one")));
+  ASSERT_OK(wb.Flush());
+  ASSERT_OK(wb.WriteAt(8, Bytes("two")));
+  const uint64_t first = wb.EndRecord();
+  absl::Status s = wb.WriteBack(first);
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("injected fault"));
+  EXPECT_EQ(wb.queued(), 1u);
+  wb.BeginRecord();
+  ASSERT_OK(wb.WriteAt(16, Bytes("three")));
+  const uint64_t second = wb.EndRecord();
+  EXPECT_GT(second, first);
+  ASSERT_OK(wb.WriteBack(second));
+  // The first log again, whole, then the second.
+  EXPECT_THAT(*base.ops, ElementsAre("w0", "w0", "flush", "w8", "w16"));
+  EXPECT_EQ(wb.queued(), 0u);
+}
+
+TEST(WriteBackFile, EventsAndPinsFollowTheLog) {
+  OpLogFile base;
+  std::vector<std::string> seen;
+  base.ops = &seen;
+  internal::EventHook hook = [&](std::string_view e) {
+    seen.push_back("event:" + std::string(e));
+  };
+  internal::SetEventHook(&hook);
+  WriteBackFile wb(&base);
+  auto pinned = std::make_shared<int>(7);
+  std::weak_ptr<int> watch = pinned;
+  wb.Pin(pinned);  // not recording: nothing kept
+  wb.BeginRecord();
+  internal::EmitEvent("l2-update");
+  ASSERT_OK(wb.WriteAt(0, Bytes("x")));
+  wb.Pin(pinned);
+  internal::EmitEvent("flush");
+  const uint64_t ticket = wb.EndRecord();
+  internal::EmitEvent("after");  // not recording: straight to the hook
+  pinned.reset();
+  EXPECT_FALSE(watch.expired()) << "the log let go of its entry early";
+  EXPECT_THAT(seen, ElementsAre("event:after"));
+  ASSERT_OK(wb.WriteBack(ticket));
+  internal::SetEventHook(nullptr);
+  EXPECT_THAT(seen, ElementsAre("event:after", "event:l2-update", "w0",
+                                "event:flush"));
+  EXPECT_TRUE(watch.expired());
+}
+
+// An entry whose recorded write-back is still queued is not evicted: read
+// again from the file, it would come back stale.
+TEST(WriteBackFile, ACacheKeepsEntriesUntilTheirWriteBack) {
+  OpLogFile base;
+  ASSERT_OK(base.WriteAt(0, std::vector<uint8_t>(8 * 512, 1)));
+  base.ops->clear();
+  WriteBackFile wb(&base);
+  internal::MetadataCache cache(&wb, 512, 4, "L2 table");
+  EXPECT_EQ(cache.read_file(), &base);
+  {
+    ASSERT_OK_AND_ASSIGN(internal::MetadataCache::Handle h, cache.Get(0));
+    h->data[0] = 0xab;
+    h->MarkDirty(0, 1);
+  }
+  wb.BeginRecord();
+  ASSERT_OK(cache.Flush());
+  const uint64_t ticket = wb.EndRecord();
+  for (uint64_t off = 512; off < 8 * 512; off += 512) {
+    ASSERT_OK(cache.Get(off).status());
+  }
+  EXPECT_TRUE(base.ops->empty());
+  ASSERT_OK_AND_ASSIGN(internal::MetadataCache::Handle h, cache.Get(0));
+  EXPECT_EQ(h->data[0], 0xab) << "evicted before its write-back, read stale";
+  ASSERT_OK(wb.WriteBack(ticket));
+  std::vector<uint8_t> got(1);
+  ASSERT_OK(base.ReadAt(0, absl::MakeSpan(got)));
+  EXPECT_EQ(got[0], 0xab);
+}
+
+constexpr uint64_t kCluster = 65536;
+
+std::vector<uint8_t> Fill(uint64_t seed, size_t len) {
+  std::vector<uint8_t> v(len);
+  testing::FillPseudoRandom(seed, absl::MakeSpan(v));
+  return v;
+}
+
+void CheckWithQemu(const std::string& path,
+                   const std::vector<std::pair<uint64_t, uint64_t>>& written) {
+  if (!testing::HaveQemu()) return;
+  testing::CommandResult check = testing::QemuCheck(path);
+  EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> all, testing::QemuReadAll(path));
+  for (const auto& [offset, len] : written) {
+    const std::vector<uint8_t> want = Fill(offset, len);
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), all.begin() + offset))
+        << "qemu reads other bytes at " << offset;
+  }
+}
+
+// A new 64 MiB image whose first cluster is written and flushed (its L2
+// table is on disk), with a new cluster written after that: the next
+// flush writes a refcount block, flushes the file, writes an L2 slice.
+// StartFlush() starts that flush on a thread of its own and returns once
+// it is held at its first file flush.
+class FlushWriteBack : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = dir_.File("img.qcow2");
+    CreateOptions co;
+    co.size = 64 << 20;
+    co.cluster_size = kCluster;
+    ASSERT_OK(CreateImage(path_, co));
+    OpenOptions oo;
+    oo.read_write = true;
+    oo.opener = &opener_;
+    ASSERT_OK_AND_ASSIGN(image_, Image::Open(path_, oo));
+    gate_ = opener_.last();
+    ASSERT_OK(image_->Write(0, Fill(0, kCluster)));
+    ASSERT_OK(image_->Flush());
+    ASSERT_OK(image_->Write(kCluster, Fill(kCluster, kCluster)));
+  }
+
+  void StartFlush() {
+    gate_->Arm();
+    flusher_ = std::thread([this] { ASSERT_OK(image_->Flush()); });
+    ASSERT_TRUE(gate_->WaitBlocked());
+  }
+
+  void ReleaseFlush() {
+    gate_->Release();
+    flusher_.join();
+  }
+
+  TempDir dir_;
+  std::string path_;
+  GateOpener opener_{{.flush = true}};
+  std::unique_ptr<Image> image_;
+  GateFile* gate_ = nullptr;
+  std::thread flusher_;
+};
+
+// While a flush waits for the file flush between its refcount and L2
+// writes, allocating writes and reads complete: before the write-back was
+// taken out of the lock, everything waited for it.
+TEST_F(FlushWriteBack, RequestsGoOnWhileAFlushWritesMetadata) {
+  ASSERT_NO_FATAL_FAILURE(StartFlush());
+  Image* image = image_.get();
+  auto others = std::async(std::launch::async, [&] {
+    // A new cluster (allocated in memory, its data written) and a read.
+    absl::Status s = image->Write(5 * kCluster, Fill(5 * kCluster, kCluster));
+    std::vector<uint8_t> buf(kCluster);
+    if (s.ok()) s = image->Read(kCluster, absl::MakeSpan(buf));
+    if (s.ok() && buf != Fill(kCluster, kCluster)) {
+      s = absl::InternalError("read other bytes");
+    }
+    return s;
+  });
+  const bool went_on =
+      others.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+  ReleaseFlush();
+  EXPECT_TRUE(went_on) << "a request waited for a flush's metadata write-back";
+  ASSERT_OK(others.get());
+  ASSERT_OK(image->Close());
+  CheckWithQemu(path_, {{0, kCluster}, {kCluster, kCluster},
+                       {5 * kCluster, kCluster}});
+}
+
+// A flush that begins while an earlier one still writes metadata returns
+// only after that write-back: writes it covers may be in the earlier log.
+TEST_F(FlushWriteBack, ALaterFlushWaitsForAnEarlierWriteBack) {
+  ASSERT_NO_FATAL_FAILURE(StartFlush());
+  Image* image = image_.get();
+  GateFile* gate = gate_;
+  std::atomic<bool> second_saw_release{false};
+  std::thread second([&] {
+    ASSERT_OK(image->Write(6 * kCluster, Fill(6 * kCluster, kCluster)));
+    ASSERT_OK(image->Flush());
+    second_saw_release = gate->released();
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ReleaseFlush();
+  second.join();
+  EXPECT_TRUE(second_saw_release)
+      << "a flush returned while an earlier flush's metadata was unwritten";
+  ASSERT_OK(image->Close());
+  CheckWithQemu(path_, {{0, kCluster}, {kCluster, kCluster},
+                       {6 * kCluster, kCluster}});
+}
+
+}  // namespace
+}  // namespace qcow2

@@ -1,0 +1,47 @@
+#include "tests/util/gate_file.h"
+
+#include <chrono>
+
+namespace qcow2::testing {
+
+void GateFile::Arm() {
+  std::lock_guard<std::mutex> lock(mu_);
+  armed_ = true;
+}
+
+void GateFile::Release() {
+  std::lock_guard<std::mutex> lock(mu_);
+  armed_ = false;
+  released_ = true;
+  cv_.notify_all();
+}
+
+bool GateFile::released() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return released_;
+}
+
+bool GateFile::WaitBlocked() {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, std::chrono::seconds(30),
+                      [this] { return blocked_ > 0; });
+}
+
+void GateFile::Hold() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!armed_ || blocked_ > 0) return;
+  ++blocked_;
+  cv_.notify_all();
+  cv_.wait(lock, [this] { return !armed_; });
+}
+
+absl::StatusOr<std::unique_ptr<File>> GateOpener::Open(
+    const std::string& path, const FileOptions& opts) {
+  auto f = OpenPosixFile(path, opts);
+  if (!f.ok()) return f.status();
+  auto g = std::make_unique<GateFile>(std::move(*f), spec_);
+  last_ = g.get();
+  return std::unique_ptr<File>(std::move(g));
+}
+
+}  // namespace qcow2::testing

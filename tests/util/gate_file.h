@@ -1,0 +1,84 @@
+// A File that holds one chosen operation until the test lets it go, to
+// show what other requests can do meanwhile.
+#ifndef QCOW2_TESTS_UTIL_GATE_FILE_H_
+#define QCOW2_TESTS_UTIL_GATE_FILE_H_
+
+#include <condition_variable>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "qcow2/file.h"
+
+namespace qcow2::testing {
+
+// Which operations the gate holds: reads of exactly `read_size` bytes (0:
+// none), and/or flushes.
+struct GateSpec {
+  size_t read_size = 0;
+  bool flush = false;
+};
+
+// Once armed, the first matching operation waits for Release(); every
+// other operation, and matching ones after that first, go straight to the
+// file beneath.
+class GateFile : public File {
+ public:
+  GateFile(std::unique_ptr<File> inner, GateSpec spec)
+      : inner_(std::move(inner)), spec_(spec) {}
+
+  absl::Status ReadAt(uint64_t offset, absl::Span<uint8_t> buf) override {
+    if (spec_.read_size != 0 && buf.size() == spec_.read_size) Hold();
+    return inner_->ReadAt(offset, buf);
+  }
+  absl::Status WriteAt(uint64_t offset, absl::Span<const uint8_t> d) override {
+    return inner_->WriteAt(offset, d);
+  }
+  absl::Status Flush() override {
+    if (spec_.flush) Hold();
+    return inner_->Flush();
+  }
+  absl::StatusOr<uint64_t> Size() override { return inner_->Size(); }
+  absl::Status Truncate(uint64_t size) override {
+    return inner_->Truncate(size);
+  }
+  absl::Status Extend(uint64_t old_size, uint64_t new_size) override {
+    return inner_->Extend(old_size, new_size);
+  }
+  const std::string& name() const override { return inner_->name(); }
+
+  void Arm();
+  void Release();
+  bool released();
+  // Waits until an operation is held; false after 30 s.
+  bool WaitBlocked();
+
+ private:
+  void Hold();
+
+  std::unique_ptr<File> inner_;
+  const GateSpec spec_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool armed_ = false;
+  bool released_ = false;
+  int blocked_ = 0;
+};
+
+// Opens POSIX files behind a GateFile; last() is the most recent.
+class GateOpener : public FileOpener {
+ public:
+  explicit GateOpener(GateSpec spec) : spec_(spec) {}
+  absl::StatusOr<std::unique_ptr<File>> Open(const std::string& path,
+                                             const FileOptions& opts) override;
+  GateFile* last() const { return last_; }
+
+ private:
+  const GateSpec spec_;
+  GateFile* last_ = nullptr;
+};
+
+}  // namespace qcow2::testing
+
+#endif  // QCOW2_TESTS_UTIL_GATE_FILE_H_
