@@ -311,5 +311,77 @@ TEST_F(FlushWriteBack, ALaterFlushWaitsForAnEarlierWriteBack) {
                        {6 * kCluster, kCluster}});
 }
 
+// A request that evicts dirty L2 slices from a full cache writes them back
+// after planning, with no lock held: while that write-back is held at its
+// file flush, other requests complete. Before, the eviction wrote (and
+// flushed) under the lock.
+TEST(EvictionWriteBack, RequestsGoOnWhileAnEvictionIsWritten) {
+  TempDir dir;
+  const std::string path = dir.File("img.qcow2");
+  constexpr uint64_t kSlice = 64 * kCluster;
+  std::vector<std::pair<uint64_t, uint64_t>> written;
+  {
+    // The L2 table on disk, naming a cluster in each of slices 0 to 5.
+    CreateOptions co;
+    co.size = 64 << 20;
+    co.cluster_size = kCluster;
+    ASSERT_OK(CreateImage(path, co));
+    OpenOptions oo;
+    oo.read_write = true;
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Image> image, Image::Open(path, oo));
+    for (uint64_t i = 0; i < 6; ++i) {
+      ASSERT_OK(image->Write(i * kSlice, Fill(i * kSlice, kCluster)));
+      if (i != 2) written.push_back({i * kSlice, kCluster});
+    }
+    ASSERT_OK(image->Close());
+  }
+  GateOpener opener({.flush = true});
+  OpenOptions oo;
+  oo.read_write = true;
+  oo.opener = &opener;
+  // 512-byte slices (64 clusters, 4 MiB of guest space each); room for 4.
+  oo.l2_slice_bytes = 512;
+  oo.l2_cache_bytes = 4 * 512;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Image> image, Image::Open(path, oo));
+  GateFile* gate = opener.last();
+  // Slices 0 to 3 cached and dirty (new clusters, data written).
+  for (uint64_t i = 0; i < 4; ++i) {
+    const uint64_t at = i * kSlice + kCluster;
+    ASSERT_OK(image->Write(at, Fill(at, kCluster)));
+    written.push_back({at, kCluster});
+  }
+  gate->Arm();
+  // Slice 5 is not cached: room is made for it by evicting.
+  std::thread evicting([&] {
+    const uint64_t at = 5 * kSlice + kCluster;
+    ASSERT_OK(image->Write(at, Fill(at, kCluster)));
+  });
+  ASSERT_TRUE(gate->WaitBlocked());
+  auto others = std::async(std::launch::async, [&] {
+    // A read and an in-place write, in slices still cached.
+    std::vector<uint8_t> buf(kCluster);
+    absl::Status s = image->Read(kSlice, absl::MakeSpan(buf));
+    if (s.ok() && buf != Fill(kSlice, kCluster)) {
+      s = absl::InternalError("read other bytes");
+    }
+    if (s.ok()) s = image->Write(2 * kSlice, Fill(7, kCluster));
+    return s;
+  });
+  const bool went_on =
+      others.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+  gate->Release();
+  evicting.join();
+  EXPECT_TRUE(went_on) << "a request waited for another's eviction";
+  ASSERT_OK(others.get());
+  written.push_back({5 * kSlice + kCluster, kCluster});
+  ASSERT_OK(image->Close());
+  CheckWithQemu(path, written);
+  if (testing::HaveQemu()) {
+    ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> all, testing::QemuReadAll(path));
+    const std::vector<uint8_t> want = Fill(7, kCluster);
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), all.begin() + 2 * kSlice));
+  }
+}
+
 }  // namespace
 }  // namespace qcow2

@@ -138,17 +138,38 @@ absl::StatusOr<MetadataCache::Handle> MetadataCache::GetNew(uint64_t offset) {
 
 absl::Status MetadataCache::MakeRoom() {
   if (map_.size() < capacity_) return absl::OkStatus();
+  // A dirty entry met on the way is recorded for the request's executor to
+  // write without the lock (it stays pinned, and cached, until then), and
+  // the walk goes on for a clean one, when the engine allows it.
+  const bool defer = write_back_ != nullptr &&
+                     WriteBackFile::DeferEvictions::Active() &&
+                     !write_back_->recording();
+  bool recording = false;
+  absl::Status s;
   // Walk from the least recently used end; skip pinned entries.
-  for (auto it = lru_.end(); it != lru_.begin();) {
+  auto it = lru_.end();
+  while (it != lru_.begin()) {
     --it;
     Slot& slot = map_[*it];
     if (slot.entry.use_count() > 1) continue;
-    if (slot.entry->dirty) RETURN_IF_ERROR(WriteEntry(slot.entry));
+    if (slot.entry->dirty) {
+      if (defer) {
+        if (!recording) write_back_->BeginRecord();
+        recording = true;
+        s = WriteEntry(slot.entry);  // pins it: skipped from now on
+        if (!s.ok()) break;
+        continue;
+      }
+      s = WriteEntry(slot.entry);
+      if (!s.ok()) break;
+    }
     map_.erase(*it);
     lru_.erase(it);
-    return absl::OkStatus();
+    break;
   }
-  return absl::OkStatus();  // everything pinned: grow past capacity for now
+  if (recording) write_back_->EndRecord();
+  // Everything pinned: the cache grows past its capacity for now.
+  return s;
 }
 
 absl::Status MetadataCache::FlushDependencies() {

@@ -54,6 +54,27 @@ size_t WriteBackFile::queued() const {
   return queue_.size();
 }
 
+uint64_t WriteBackFile::last_queued() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return next_seq_ - 1;
+}
+
+namespace {
+thread_local WriteBackFile::DeferEvictions* t_defer_evictions = nullptr;
+}  // namespace
+
+WriteBackFile::DeferEvictions::DeferEvictions() : saved_(t_defer_evictions) {
+  t_defer_evictions = this;
+}
+
+WriteBackFile::DeferEvictions::~DeferEvictions() {
+  t_defer_evictions = saved_;
+}
+
+bool WriteBackFile::DeferEvictions::Active() {
+  return t_defer_evictions != nullptr;
+}
+
 absl::Status WriteBackFile::WriteBack(uint64_t ticket) {
   std::unique_lock<std::mutex> lock(mu_);
   return WriteQueued(lock, ticket);

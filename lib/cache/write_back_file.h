@@ -69,6 +69,25 @@ class WriteBackFile : public File {
 
   // Logs queued and not yet written (for tests).
   size_t queued() const;
+  // The ticket that covers every log queued so far.
+  uint64_t last_queued() const;
+
+  // Installed on a thread while it plans a request whose executor will
+  // call WriteBack(last_queued()) before the request's own I/O: a cache
+  // then records the write-back of an entry it evicts instead of writing
+  // it under the lock (MetadataCache::MakeRoom). Elsewhere evictions write
+  // at once, so that no log waits long for someone to write it.
+  class DeferEvictions {
+   public:
+    DeferEvictions();
+    ~DeferEvictions();
+    DeferEvictions(const DeferEvictions&) = delete;
+    DeferEvictions& operator=(const DeferEvictions&) = delete;
+    static bool Active();
+
+   private:
+    DeferEvictions* const saved_;
+  };
 
   absl::Status ReadAt(uint64_t offset, absl::Span<uint8_t> buf) override {
     return base_->ReadAt(offset, buf);

@@ -20,6 +20,7 @@
 namespace qcow2::internal {
 
 class Qcow2Layer;
+class WriteBackFile;
 
 // Resolves a backing file name stored in an image against the directory of
 // the image that names it. Refuses protocol prefixes (json:, nbd:, ...).
@@ -114,6 +115,8 @@ class Chain {
   absl::Status CheckRange(uint64_t offset, uint64_t len) const;
   absl::Status CheckWritable() const;
   Qcow2Layer* top_qcow2();
+  // The top's metadata write-back file, if it is a writable qcow2 layer.
+  WriteBackFile* TopWriteBack();
   // Lets the top layer read the layers below for copy-on-write.
   void ConnectBacking();
 

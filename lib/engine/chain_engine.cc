@@ -35,7 +35,35 @@ class SyncWaiter : public Waiter {
   bool woken_ = false;
 };
 
+// While a request is planned: evictions are recorded
+// (WriteBackFile::DeferEvictions), and the request is handed the ticket of
+// whatever was recorded, for its executor to write before its own I/O.
+class EvictionScope {
+ public:
+  EvictionScope(WriteBackFile* meta, Request* r)
+      : meta_(meta), r_(r), before_(meta ? meta->last_queued() : 0) {}
+  ~EvictionScope() {
+    if (meta_ != nullptr && meta_->last_queued() != before_) {
+      r_->write_back_file = meta_;
+      r_->write_back_ticket = meta_->last_queued();
+    }
+  }
+  EvictionScope(const EvictionScope&) = delete;
+  EvictionScope& operator=(const EvictionScope&) = delete;
+
+ private:
+  WriteBackFile::DeferEvictions defer_;
+  WriteBackFile* const meta_;
+  Request* const r_;
+  const uint64_t before_;
+};
+
 }  // namespace
+
+WriteBackFile* Chain::TopWriteBack() {
+  Qcow2Layer* top = top_qcow2();
+  return top != nullptr && writable_ ? top->meta_file() : nullptr;
+}
 
 absl::Status Chain::ClosedError() const {
   return absl::FailedPreconditionError(
@@ -238,8 +266,8 @@ void Chain::PlanLocked(Request* r) {
           break;
         }
         r->flush_generation = t->generation;
-        r->flush_meta = top->meta_file();
-        r->flush_write_back = t->write_back;
+        r->write_back_file = top->meta_file();
+        r->write_back_ticket = t->write_back;
       }
       r->flush_file = layers_[0]->file();
       break;
@@ -255,7 +283,11 @@ void Chain::PlanDeferringMisses(Request* r,
     return;
   }
   MissDeferral deferral(&r->plan);
-  absl::Status s = plan();
+  absl::Status s;
+  {
+    EvictionScope evictions(TopWriteBack(), r);
+    s = plan();
+  }
   if (!deferral.deferred()) {
     r->status = std::move(s);
     r->pinned.clear();  // the plan holds what it needs
@@ -308,9 +340,14 @@ void Chain::LoadMiss(Request* r) {
     return;
   }
   const iovec& v = r->miss_op.iov[0];
-  absl::StatusOr<MetadataCache::Handle> entry = cache->InsertLoaded(
-      r->miss_op.offset, r->miss_offset, r->miss_epoch,
-      absl::MakeConstSpan(static_cast<const uint8_t*>(v.iov_base), v.iov_len));
+  absl::StatusOr<MetadataCache::Handle> entry;
+  {
+    EvictionScope evictions(TopWriteBack(), r);
+    entry = cache->InsertLoaded(
+        r->miss_op.offset, r->miss_offset, r->miss_epoch,
+        absl::MakeConstSpan(static_cast<const uint8_t*>(v.iov_base),
+                            v.iov_len));
+  }
   if (!entry.ok()) {
     r->status = entry.status();
     return;
@@ -382,12 +419,12 @@ absl::Status Chain::RunSync(Request* r) {
     r->status = RunOp(r->miss_op, false);
     LoadMiss(r);
   }
+  if (r->status.ok() && r->write_back_file != nullptr) {
+    r->status = r->write_back_file->WriteBack(r->write_back_ticket);
+  }
   if (r->status.ok()) {
     if (r->kind == Request::kFlush) {
-      if (r->flush_meta != nullptr) {
-        r->status = r->flush_meta->WriteBack(r->flush_write_back);
-      }
-      if (r->status.ok() && r->flush_file != nullptr) {
+      if (r->flush_file != nullptr) {
         r->stats.host_flushes++;
         r->status = r->flush_file->Flush();
       }

@@ -226,6 +226,12 @@ class QueueImpl final : public Waiter, public Chain::StatsSource {
       }
       switch (r->phase++) {
         case 0:
+          if (r->status.ok() && r->write_back_file != nullptr) {
+            // Metadata writes recorded while it was planned (a flush's
+            // write-back, evictions): blocking I/O on this thread, in
+            // their turn among other requests' (no lock held).
+            r->status = r->write_back_file->WriteBack(r->write_back_ticket);
+          }
           if (!r->status.ok()) break;
           for (IoOp& op : r->plan.reads) Issue(r, &op, kOpRead);
           break;
@@ -239,11 +245,6 @@ class QueueImpl final : public Waiter, public Chain::StatsSource {
           for (IoOp& op : r->plan.writes) Issue(r, &op, kOpWrite);
           break;
         case 2:
-          if (r->status.ok() && r->flush_meta != nullptr) {
-            // The flush's metadata write-back, with blocking I/O on this
-            // thread, after its turn among other flushes' (no lock held).
-            r->status = r->flush_meta->WriteBack(r->flush_write_back);
-          }
           if (r->status.ok() && r->kind == Request::kFlush &&
               r->flush_file != nullptr) {
             r->stats.host_flushes++;

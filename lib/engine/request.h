@@ -75,10 +75,11 @@ struct Request {
   File* flush_file = nullptr;  // kFlush: the file to flush
   IoOp flush_op;
   uint64_t flush_generation = 0;
-  // kFlush on a qcow2 top: its metadata write-back, recorded while planned
-  // and carried out before flush_file is flushed.
-  WriteBackFile* flush_meta = nullptr;
-  uint64_t flush_write_back = 0;
+  // Metadata writes recorded while the request was planned (a flush's
+  // write-back, evictions) and carried out by its executor, with no lock
+  // held, before the request's own I/O: WriteBack(write_back_ticket).
+  WriteBackFile* write_back_file = nullptr;
+  uint64_t write_back_ticket = 0;
   absl::Status status;
   IoStats stats;
 
