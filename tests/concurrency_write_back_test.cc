@@ -1,10 +1,9 @@
 // A flush's metadata write-back runs without the image's lock
 // (lib/cache/write_back_file.h): the write-back file's ordering rules, and
 // requests going on while a flush writes metadata.
-#include "lib/cache/write_back_file.h"
-
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <future>
 #include <string>
 #include <thread>
@@ -14,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "lib/cache/metadata_cache.h"
+#include "lib/cache/write_back_file.h"
 #include "lib/io/memory_file.h"
 #include "lib/util/events.h"
 #include "qcow2/image.h"
@@ -166,8 +166,8 @@ TEST(WriteBackFile, EventsAndPinsFollowTheLog) {
   EXPECT_THAT(seen, ElementsAre("event:after"));
   ASSERT_OK(wb.WriteBack(ticket));
   internal::SetEventHook(nullptr);
-  EXPECT_THAT(seen, ElementsAre("event:after", "event:l2-update", "w0",
-                                "event:flush"));
+  EXPECT_THAT(
+      seen, ElementsAre("event:after", "event:l2-update", "w0", "event:flush"));
   EXPECT_TRUE(watch.expired());
 }
 
@@ -208,6 +208,39 @@ std::vector<uint8_t> Fill(uint64_t seed, size_t len) {
   return v;
 }
 
+// With an operation of thread `held` held at `gate`, runs `others` on a
+// thread of its own; then lets the held operation go and joins it. Fails
+// the test if `others` did not finish within 30 s while the operation was
+// held (`what` says what it waited for), or failed.
+void ExpectGoesOnWhileHeld(GateFile* gate, std::thread& held,
+                           std::function<absl::Status()> others,
+                           const char* what) {
+  auto done = std::async(std::launch::async, std::move(others));
+  const bool went_on =
+      done.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+  gate->Release();
+  held.join();
+  EXPECT_TRUE(went_on) << "a request waited for " << what;
+  EXPECT_OK(done.get());
+}
+
+// Creates a 64 MiB image with 64 KiB clusters and writes Fill(offset)
+// over the cluster at each of `offsets`.
+void CreateWritten(const std::string& path,
+                   const std::vector<uint64_t>& offsets) {
+  CreateOptions co;
+  co.size = 64 << 20;
+  co.cluster_size = kCluster;
+  ASSERT_OK(CreateImage(path, co));
+  OpenOptions oo;
+  oo.read_write = true;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Image> image, Image::Open(path, oo));
+  for (uint64_t offset : offsets) {
+    ASSERT_OK(image->Write(offset, Fill(offset, kCluster)));
+  }
+  ASSERT_OK(image->Close());
+}
+
 void CheckWithQemu(const std::string& path,
                    const std::vector<std::pair<uint64_t, uint64_t>>& written) {
   if (!testing::HaveQemu()) return;
@@ -221,8 +254,8 @@ void CheckWithQemu(const std::string& path,
   }
 }
 
-// A new 64 MiB image whose first cluster is written and flushed (its L2
-// table is on disk), with a new cluster written after that: the next
+// A 64 MiB image whose first cluster is written (its L2 table is on disk),
+// open with a new cluster written after that: the next
 // flush writes a refcount block, flushes the file, writes an L2 slice.
 // StartFlush() starts that flush on a thread of its own and returns once
 // it is held at its first file flush.
@@ -230,17 +263,12 @@ class FlushWriteBack : public ::testing::Test {
  protected:
   void SetUp() override {
     path_ = dir_.File("img.qcow2");
-    CreateOptions co;
-    co.size = 64 << 20;
-    co.cluster_size = kCluster;
-    ASSERT_OK(CreateImage(path_, co));
+    ASSERT_NO_FATAL_FAILURE(CreateWritten(path_, {0}));
     OpenOptions oo;
     oo.read_write = true;
     oo.opener = &opener_;
     ASSERT_OK_AND_ASSIGN(image_, Image::Open(path_, oo));
     gate_ = opener_.last();
-    ASSERT_OK(image_->Write(0, Fill(0, kCluster)));
-    ASSERT_OK(image_->Flush());
     ASSERT_OK(image_->Write(kCluster, Fill(kCluster, kCluster)));
   }
 
@@ -269,24 +297,23 @@ class FlushWriteBack : public ::testing::Test {
 TEST_F(FlushWriteBack, RequestsGoOnWhileAFlushWritesMetadata) {
   ASSERT_NO_FATAL_FAILURE(StartFlush());
   Image* image = image_.get();
-  auto others = std::async(std::launch::async, [&] {
-    // A new cluster (allocated in memory, its data written) and a read.
-    absl::Status s = image->Write(5 * kCluster, Fill(5 * kCluster, kCluster));
-    std::vector<uint8_t> buf(kCluster);
-    if (s.ok()) s = image->Read(kCluster, absl::MakeSpan(buf));
-    if (s.ok() && buf != Fill(kCluster, kCluster)) {
-      s = absl::InternalError("read other bytes");
-    }
-    return s;
-  });
-  const bool went_on =
-      others.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
-  ReleaseFlush();
-  EXPECT_TRUE(went_on) << "a request waited for a flush's metadata write-back";
-  ASSERT_OK(others.get());
+  ExpectGoesOnWhileHeld(
+      gate_, flusher_,
+      [&] {
+        // A new cluster (allocated in memory, its data written) and a read.
+        absl::Status s =
+            image->Write(5 * kCluster, Fill(5 * kCluster, kCluster));
+        std::vector<uint8_t> buf(kCluster);
+        if (s.ok()) s = image->Read(kCluster, absl::MakeSpan(buf));
+        if (s.ok() && buf != Fill(kCluster, kCluster)) {
+          s = absl::InternalError("read other bytes");
+        }
+        return s;
+      },
+      "a flush's metadata write-back");
   ASSERT_OK(image->Close());
-  CheckWithQemu(path_, {{0, kCluster}, {kCluster, kCluster},
-                       {5 * kCluster, kCluster}});
+  CheckWithQemu(
+      path_, {{0, kCluster}, {kCluster, kCluster}, {5 * kCluster, kCluster}});
 }
 
 // A flush that begins while an earlier one still writes metadata returns
@@ -307,8 +334,8 @@ TEST_F(FlushWriteBack, ALaterFlushWaitsForAnEarlierWriteBack) {
   EXPECT_TRUE(second_saw_release)
       << "a flush returned while an earlier flush's metadata was unwritten";
   ASSERT_OK(image->Close());
-  CheckWithQemu(path_, {{0, kCluster}, {kCluster, kCluster},
-                       {6 * kCluster, kCluster}});
+  CheckWithQemu(
+      path_, {{0, kCluster}, {kCluster, kCluster}, {6 * kCluster, kCluster}});
 }
 
 // A request that evicts dirty L2 slices from a full cache writes them back
@@ -320,21 +347,13 @@ TEST(EvictionWriteBack, RequestsGoOnWhileAnEvictionIsWritten) {
   const std::string path = dir.File("img.qcow2");
   constexpr uint64_t kSlice = 64 * kCluster;
   std::vector<std::pair<uint64_t, uint64_t>> written;
-  {
-    // The L2 table on disk, naming a cluster in each of slices 0 to 5.
-    CreateOptions co;
-    co.size = 64 << 20;
-    co.cluster_size = kCluster;
-    ASSERT_OK(CreateImage(path, co));
-    OpenOptions oo;
-    oo.read_write = true;
-    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Image> image, Image::Open(path, oo));
-    for (uint64_t i = 0; i < 6; ++i) {
-      ASSERT_OK(image->Write(i * kSlice, Fill(i * kSlice, kCluster)));
-      if (i != 2) written.push_back({i * kSlice, kCluster});
-    }
-    ASSERT_OK(image->Close());
+  // The L2 table on disk, naming a cluster in each of slices 0 to 5.
+  std::vector<uint64_t> first;
+  for (uint64_t i = 0; i < 6; ++i) {
+    first.push_back(i * kSlice);
+    if (i != 2) written.push_back({i * kSlice, kCluster});
   }
+  ASSERT_NO_FATAL_FAILURE(CreateWritten(path, first));
   GateOpener opener({.flush = true});
   OpenOptions oo;
   oo.read_write = true;
@@ -357,22 +376,19 @@ TEST(EvictionWriteBack, RequestsGoOnWhileAnEvictionIsWritten) {
     ASSERT_OK(image->Write(at, Fill(at, kCluster)));
   });
   ASSERT_TRUE(gate->WaitBlocked());
-  auto others = std::async(std::launch::async, [&] {
-    // A read and an in-place write, in slices still cached.
-    std::vector<uint8_t> buf(kCluster);
-    absl::Status s = image->Read(kSlice, absl::MakeSpan(buf));
-    if (s.ok() && buf != Fill(kSlice, kCluster)) {
-      s = absl::InternalError("read other bytes");
-    }
-    if (s.ok()) s = image->Write(2 * kSlice, Fill(7, kCluster));
-    return s;
-  });
-  const bool went_on =
-      others.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
-  gate->Release();
-  evicting.join();
-  EXPECT_TRUE(went_on) << "a request waited for another's eviction";
-  ASSERT_OK(others.get());
+  ExpectGoesOnWhileHeld(
+      gate, evicting,
+      [&] {
+        // A read and an in-place write, in slices still cached.
+        std::vector<uint8_t> buf(kCluster);
+        absl::Status s = image->Read(kSlice, absl::MakeSpan(buf));
+        if (s.ok() && buf != Fill(kSlice, kCluster)) {
+          s = absl::InternalError("read other bytes");
+        }
+        if (s.ok()) s = image->Write(2 * kSlice, Fill(7, kCluster));
+        return s;
+      },
+      "another's eviction");
   written.push_back({5 * kSlice + kCluster, kCluster});
   ASSERT_OK(image->Close());
   CheckWithQemu(path, written);
@@ -381,6 +397,54 @@ TEST(EvictionWriteBack, RequestsGoOnWhileAnEvictionIsWritten) {
     const std::vector<uint8_t> want = Fill(7, kCluster);
     EXPECT_TRUE(std::equal(want.begin(), want.end(), all.begin() + 2 * kSlice));
   }
+}
+
+// A write whose allocation needs a refcount block that is not cached reads
+// it with no lock held, as an L2 miss is read: other requests complete
+// while that read is held.
+TEST(RefcountMiss, RequestsGoOnWhileARefcountBlockIsRead) {
+  TempDir dir;
+  const std::string path = dir.File("img.qcow2");
+  ASSERT_NO_FATAL_FAILURE(CreateWritten(path, {0}));
+  // Refcount blocks are one cluster; nothing else here reads 64 KiB once
+  // the L2 table is cached.
+  GateOpener opener({.read_size = kCluster});
+  OpenOptions oo;
+  oo.read_write = true;
+  oo.opener = &opener;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Image> image, Image::Open(path, oo));
+  GateFile* gate = opener.last();
+  std::vector<uint8_t> buf(4096);
+  ASSERT_OK(image->Read(0, absl::MakeSpan(buf)));  // the L2 table, cached
+  gate->Arm();
+  std::thread allocating([&] {
+    ASSERT_OK(image->Write(3 * kCluster, Fill(3 * kCluster, kCluster / 2)));
+  });
+  ASSERT_TRUE(gate->WaitBlocked());
+  ExpectGoesOnWhileHeld(
+      gate, allocating,
+      [&] {
+        std::vector<uint8_t> b(4096);
+        absl::Status s = image->Read(8192, absl::MakeSpan(b));
+        const std::vector<uint8_t> want = Fill(0, kCluster);
+        if (s.ok() && !std::equal(b.begin(), b.end(), want.begin() + 8192)) {
+          s = absl::InternalError("read other bytes");
+        }
+        // In place: no allocation.
+        if (s.ok()) s = image->Write(4096, std::vector<uint8_t>(4096, 0x5a));
+        return s;
+      },
+      "another's refcount read");
+  ASSERT_OK(image->Close());
+  if (!testing::HaveQemu()) return;
+  testing::CommandResult check = testing::QemuCheck(path);
+  EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> all, testing::QemuReadAll(path));
+  std::vector<uint8_t> want = Fill(0, kCluster);
+  std::fill(want.begin() + 4096, want.begin() + 8192, 0x5a);
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), all.begin()));
+  want = Fill(3 * kCluster, kCluster / 2);
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), all.begin() + 3 * kCluster));
 }
 
 }  // namespace

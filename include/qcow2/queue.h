@@ -15,12 +15,12 @@
 //    caches and allocator are shared among them safely.
 //  - Requests from any queues that touch different guest clusters run in
 //    parallel, allocating or not; no lock is held while data moves, while
-//    an L2 table slice a read or write needs comes off the disk, nor while
-//    a flush, or a request that evicted dirty metadata from a cache,
-//    writes metadata back (other metadata I/O, such as refcount block
-//    misses, still runs under the image's metadata lock:
-//    docs/architecture.md). Such write-backs are blocking calls on the
-//    thread that polls the request's queue.
+//    an L2 table slice or the refcount block a new cluster needs comes off
+//    the disk, nor while a flush, or a request that evicted dirty metadata
+//    from a cache, writes metadata back (the rest of the metadata I/O
+//    still runs under the image's metadata lock: docs/architecture.md).
+//    Such write-backs are blocking calls on the thread that polls the
+//    request's queue.
 //  - Requests whose guest ranges overlap (at cluster granularity) run one
 //    after the other, in the order they were submitted (across queues: the
 //    order the Submit calls reached the image). Each sees all or none of

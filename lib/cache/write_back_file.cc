@@ -67,9 +67,7 @@ WriteBackFile::DeferEvictions::DeferEvictions() : saved_(t_defer_evictions) {
   t_defer_evictions = this;
 }
 
-WriteBackFile::DeferEvictions::~DeferEvictions() {
-  t_defer_evictions = saved_;
-}
+WriteBackFile::DeferEvictions::~DeferEvictions() { t_defer_evictions = saved_; }
 
 bool WriteBackFile::DeferEvictions::Active() {
   return t_defer_evictions != nullptr;
@@ -123,9 +121,9 @@ absl::Status WriteBackFile::Replay(const Log& log) {
         break;
       case Item::kWrite:
         if (absl::Status s = base_->WriteAt(item.offset, item.data); !s.ok()) {
-          return absl::Status(s.code(),
-                              absl::StrCat("writing metadata back at ",
-                                           item.offset, ": ", s.message()));
+          return absl::Status(
+              s.code(), absl::StrCat("writing metadata back at ", item.offset,
+                                     ": ", s.message()));
         }
         break;
       case Item::kFlush:
@@ -138,9 +136,10 @@ absl::Status WriteBackFile::Replay(const Log& log) {
 
 absl::Status WriteBackFile::Settle() {
   if (recording_ != nullptr) {
-    return absl::InternalError(absl::StrCat(
-        name(), ": an operation other than a write or a flush while a "
-                "metadata write-back is recorded"));
+    return absl::InternalError(
+        absl::StrCat(name(),
+                     ": an operation other than a write or a flush while a "
+                     "metadata write-back is recorded"));
   }
   std::unique_lock<std::mutex> lock(mu_);
   return WriteQueued(lock, next_seq_ - 1);

@@ -127,8 +127,7 @@ class WriteBackFile : public File {
 
   // Writes the queued logs up to `ticket` once no other thread is
   // writing; `lock` holds mu_ and is released around the I/O.
-  absl::Status WriteQueued(std::unique_lock<std::mutex>& lock,
-                           uint64_t ticket);
+  absl::Status WriteQueued(std::unique_lock<std::mutex>& lock, uint64_t ticket);
   // Before an operation outside a recording: the queued logs are written.
   absl::Status Settle();
   // Carries out one log's items on the base file.

@@ -134,7 +134,7 @@ void Refcounts::WriteEntry(uint8_t* block, uint64_t index,
   }
 }
 
-absl::StatusOr<uint64_t> Refcounts::Get(uint64_t cluster) {
+absl::StatusOr<uint64_t> Refcounts::Get(uint64_t cluster, bool may_defer) {
   const uint64_t idx = cluster / block_entries_;
   if (idx >= table_.size()) return 0;
   const uint64_t e = table_[idx];
@@ -147,7 +147,7 @@ absl::StatusOr<uint64_t> Refcounts::Get(uint64_t cluster) {
     return Corrupt(absl::StrFormat(
         "refcount block offset 0x%x in table entry %d is invalid", e, idx));
   }
-  ASSIGN_OR_RETURN(MetadataCache::Handle block, cache_.Get(e));
+  ASSIGN_OR_RETURN(MetadataCache::Handle block, cache_.Get(e, may_defer));
   return ReadEntry(block->data.data(), cluster % block_entries_);
 }
 
@@ -165,7 +165,7 @@ absl::StatusOr<uint64_t> Refcounts::FindFree(uint64_t n) {
   uint64_t start = free_hint_;
   uint64_t c = start;
   while (c - start < n) {
-    ASSIGN_OR_RETURN(uint64_t rc, Get(c));
+    ASSIGN_OR_RETURN(uint64_t rc, Get(c, /*may_defer=*/true));
     if (rc != 0 || Quarantined(c, 1)) {
       start = c + 1;
       c = start;

@@ -63,8 +63,12 @@ class Refcounts {
   const std::vector<uint64_t>& table() const { return table_; }
   MetadataCache& cache() { return cache_; }
 
-  // Refcount of host cluster `cluster` (an index, not a byte offset).
-  absl::StatusOr<uint64_t> Get(uint64_t cluster);
+  // Refcount of host cluster `cluster` (an index, not a byte offset). With
+  // `may_defer`, a block not cached may be a deferred miss
+  // (MetadataCache::Get): the search for free clusters, which changes
+  // nothing until it has found them, lets the engine read the block with
+  // no lock held.
+  absl::StatusOr<uint64_t> Get(uint64_t cluster, bool may_defer = false);
 
   // Adds `delta` to every cluster overlapping [offset, offset + len).
   // Fails with kDataLoss on underflow or overflow, or when the count of a
