@@ -54,11 +54,6 @@ size_t WriteBackFile::queued() const {
   return queue_.size();
 }
 
-uint64_t WriteBackFile::last_queued() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return next_seq_ - 1;
-}
-
 namespace {
 thread_local WriteBackFile::DeferEvictions* t_defer_evictions = nullptr;
 }  // namespace

@@ -69,8 +69,10 @@ class WriteBackFile : public File {
 
   // Logs queued and not yet written (for tests).
   size_t queued() const;
-  // The ticket that covers every log queued so far.
-  uint64_t last_queued() const;
+  // The ticket that covers every log queued so far. Under the owner's lock
+  // (logs are queued only under it), so no mutex: it is read on every
+  // request's planning.
+  uint64_t last_queued() const { return next_seq_ - 1; }
 
   // Installed on a thread while it plans a request whose executor will
   // call WriteBack(last_queued()) before the request's own I/O: a cache
@@ -141,7 +143,7 @@ class WriteBackFile : public File {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Log>> queue_;  // recorded, not yet written
-  uint64_t next_seq_ = 1;
+  uint64_t next_seq_ = 1;  // written under mu_ and the owner's lock
   uint64_t written_seq_ = 0;  // every log up to this one is written
   bool replaying_ = false;    // a thread is writing queued logs
 };
