@@ -1156,6 +1156,16 @@ void QemuImg(const std::vector<std::string>& args) {
   std::vector<std::string> argv = {"qemu-img"};
   argv.insert(argv.end(), args.begin(), args.end());
   CommandResult r = Run(argv);
+  // Creating a LUKS image times a PBKDF2 run on the thread's CPU clock;
+  // on a loaded machine QEMU can read 0 ms and give up ("Unable to get
+  // accurate CPU usage"). That is QEMU's measurement, not the image: try
+  // again, a few times.
+  for (int i = 0; i < 4 && r.exit_code != 0 &&
+                  r.err.find("Unable to get accurate CPU usage") !=
+                      std::string::npos;
+       ++i) {
+    r = Run(argv);
+  }
   ASSERT_EQ(r.exit_code, 0) << "qemu-img " << args[0] << ": " << r.err;
 }
 
