@@ -5,12 +5,14 @@
 // whole cluster settle it first; writes into one cluster run side by side.
 // Every image is checked by qemu-img, and read back through it.
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <thread>
 
 #include "gtest/gtest.h"
 #include "qcow2/image.h"
 #include "qcow2/queue.h"
+#include "tests/util/gate_file.h"
 #include "tests/util/model.h"
 #include "tests/util/test_util.h"
 
@@ -34,7 +36,8 @@ std::vector<uint8_t> BaseBytes() {
 // unless `extended_l2`).
 std::unique_ptr<Image> FreshOverlay(const TempDir& dir,
                                     const std::vector<uint8_t>& base,
-                                    bool extended_l2 = false) {
+                                    bool extended_l2 = false,
+                                    FileOpener* opener = nullptr) {
   EXPECT_OK(testing::WriteFileBytes(dir.File("base.raw"), base));
   std::filesystem::remove(dir.File("top.qcow2"));
   CreateOptions top;
@@ -46,6 +49,7 @@ std::unique_ptr<Image> FreshOverlay(const TempDir& dir,
   EXPECT_OK(CreateImage(dir.File("top.qcow2"), top));
   OpenOptions rw;
   rw.read_write = true;
+  rw.opener = opener;
   auto image = Image::Open(dir.File("top.qcow2"), rw);
   EXPECT_TRUE(image.ok()) << image.status();
   return image.ok() ? std::move(*image) : nullptr;
@@ -101,6 +105,22 @@ class DeferredCowTest : public ::testing::Test {
     ASSERT_OK(image_->Close());
     image_.reset();
     ExpectQemuSees(dir_.File("top.qcow2"), model_);
+  }
+
+  // Opens a fresh overlay behind `opener`, and leaves guest cluster `c`
+  // pending with its first 4 KiB written (continuing a write into the
+  // cluster before). Returns the backing file's gate, or null.
+  testing::GateFile* ReopenWithPending(testing::GateOpener* opener,
+                                       uint64_t c, uint8_t salt) {
+    image_.reset();
+    image_ = FreshOverlay(dir_, base_, /*extended_l2=*/false, opener);
+    if (image_ == nullptr) return nullptr;
+    for (uint64_t off : {c - 4096, c}) {
+      const std::vector<uint8_t> d = Pattern(off, 4096, salt);
+      EXPECT_OK(image_->Write(off, d));
+      Put(&model_, off, d);
+    }
+    return opener->last();  // opened after the top
   }
 
   TempDir dir_;
@@ -329,6 +349,180 @@ TEST_F(DeferredCowTest, FlushCommitsPendingClustersWithWritesInFlight) {
   while (!done.load()) q->Poll(1);
   q.reset();
   CloseAndVerify();
+}
+
+// Holds the reads that fill a pending cluster whose first 4 KiB were
+// written: the other 60 KiB, from the backing file.
+constexpr testing::GateSpec kFillRead{.read_size = kCluster - 4096};
+
+// A flush fills pending clusters with no lock held: while its read of
+// the backing file is held, requests elsewhere complete, and a write into
+// the cluster being filled waits for the fill (else the fill's old bytes
+// would land over it).
+TEST_F(DeferredCowTest, FlushFillsPendingClustersWithoutTheLock) {
+  testing::GateOpener opener(kFillRead);
+  const uint64_t c = 3 * kCluster;
+  testing::GateFile* base_file = ReopenWithPending(&opener, c, 30);
+  ASSERT_NE(base_file, nullptr);
+  Image* image = image_.get();
+  const IoStats before = image->GetStats();
+  base_file->Arm();
+  std::thread flusher([&] { ASSERT_OK(image->Flush()); });
+  ASSERT_TRUE(base_file->WaitBlocked());
+  // Into a unit the fill copies from the backing file.
+  const std::vector<uint8_t> into = Pattern(c + 5 * 4096, 4096, 31);
+  std::thread writer;
+  const std::vector<uint8_t> whole = Pattern(9 * kCluster, kCluster, 32);
+  const std::vector<uint8_t> in_place = Pattern(c - 8192, 4096, 33);
+  Put(&model_, 9 * kCluster, whole);
+  Put(&model_, c - 8192, in_place);
+  testing::ExpectGoesOnWhileHeld(
+      base_file, flusher,
+      [&] {
+        // A read across the pending cluster, a new cluster written whole,
+        // and a write in place.
+        std::vector<uint8_t> got(8192);
+        absl::Status s = image->Read(c - 4096, absl::MakeSpan(got));
+        if (s.ok() && !std::equal(got.begin(), got.end(),
+                                  model_.begin() + c - 4096)) {
+          s = absl::InternalError("read other bytes");
+        }
+        if (s.ok()) s = image->Write(9 * kCluster, whole);
+        if (s.ok()) s = image->Write(c - 8192, in_place);
+        // Then the write into the cluster being filled, let go with the
+        // fill a moment later.
+        writer = std::thread(
+            [&] { ASSERT_OK(image->Write(c + 5 * 4096, into)); });
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        return s;
+      },
+      "a flush's fill of a pending cluster");
+  writer.join();
+  Put(&model_, c + 5 * 4096, into);
+  const IoStats st = image->GetStats().Since(before);
+  EXPECT_EQ(st.cow_deferred_filled, 1u);
+  EXPECT_EQ(st.cow_read_bytes, kCluster - 4096);
+  CloseAndVerify();
+}
+
+// A flush that begins while an earlier flush fills a pending cluster
+// returns only after that fill is committed: the writes it covers may be
+// in that cluster, whose L2 entry the fill sets.
+TEST_F(DeferredCowTest, ALaterFlushWaitsForAnEarlierFill) {
+  testing::GateOpener opener(kFillRead);
+  testing::GateFile* base_file = ReopenWithPending(&opener, 3 * kCluster, 40);
+  ASSERT_NE(base_file, nullptr);
+  Image* image = image_.get();
+  base_file->Arm();
+  std::thread first([&] { ASSERT_OK(image->Flush()); });
+  ASSERT_TRUE(base_file->WaitBlocked());
+  std::atomic<bool> second_saw_release{false};
+  std::thread second([&] {
+    ASSERT_OK(image->Flush());
+    second_saw_release = base_file->released();
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  base_file->Release();
+  first.join();
+  second.join();
+  EXPECT_TRUE(second_saw_release)
+      << "a flush returned while an earlier flush still filled a cluster";
+  CloseAndVerify();
+}
+
+// Opens the top image behind a gate on 512-byte reads (its L2 slices, as
+// opened below) and the backing file behind one on the 60 KiB reads that
+// fill a cluster whose first 4 KiB were written.
+class TwoGates : public FileOpener {
+ public:
+  absl::StatusOr<std::unique_ptr<File>> Open(const std::string& path,
+                                             const FileOptions& opts) override {
+    auto f = OpenPosixFile(path, opts);
+    if (!f.ok()) return f.status();
+    const bool top = path.ends_with(".qcow2");
+    auto g = std::make_unique<testing::GateFile>(
+        std::move(*f), top ? testing::GateSpec{.read_size = 512} : kFillRead);
+    (top ? top_ : base_) = g.get();
+    return std::unique_ptr<File>(std::move(g));
+  }
+  testing::GateFile* top_ = nullptr;
+  testing::GateFile* base_ = nullptr;
+};
+
+// A write holding a pending cluster whole, still planning (its L2 miss
+// read without the lock), when a flush begins: the flush fills that
+// cluster at once, under the lock, as the write would, instead of leaving
+// a fill in flight that the write would then meet.
+TEST_F(DeferredCowTest, AFlushFillsAtOnceAClusterHeldWhole) {
+  image_.reset();
+  // 64 MiB over the 8 MiB backing file, with 512-byte L2 slices (4 MiB
+  // of guest space each), two of them cached.
+  CreateOptions co;
+  co.size = 64 << 20;
+  co.cluster_size = kCluster;
+  co.backing_file = "base.raw";
+  co.backing_format = "raw";
+  std::filesystem::remove(dir_.File("top.qcow2"));
+  ASSERT_OK(CreateImage(dir_.File("top.qcow2"), co));
+  model_.resize(64 << 20, 0);
+  {
+    // The L2 table on disk, so that its slices are read from there.
+    OpenOptions rw;
+    rw.read_write = true;
+    ASSERT_OK_AND_ASSIGN(auto first, Image::Open(dir_.File("top.qcow2"), rw));
+    const std::vector<uint8_t> d = Pattern(32 << 20, kCluster, 49);
+    ASSERT_OK(first->Write(32 << 20, d));
+    Put(&model_, 32 << 20, d);
+    ASSERT_OK(first->Close());
+  }
+  TwoGates gates;
+  OpenOptions oo;
+  oo.read_write = true;
+  oo.opener = &gates;
+  oo.l2_slice_bytes = 512;
+  oo.l2_cache_bytes = 2 * 512;
+  ASSERT_OK_AND_ASSIGN(image_, Image::Open(dir_.File("top.qcow2"), oo));
+  Image* image = image_.get();
+  const IoStats before = image->GetStats();
+  const uint64_t c = 64 * kCluster;  // the first cluster of slice 1
+  std::vector<uint8_t> buf(4096);
+  ASSERT_OK(image->Read(c + 8192, absl::MakeSpan(buf)));  // slice 1 cached
+  for (uint64_t off : {c - 4096, c}) {  // c's cluster is left pending
+    const std::vector<uint8_t> d = Pattern(off, 4096, 50);
+    ASSERT_OK(image->Write(off, d));
+    Put(&model_, off, d);
+  }
+  ASSERT_EQ(image->GetStats().Since(before).cow_deferred, 1u);
+  // Slice 0 leaves the cache.
+  for (uint64_t slice = 2; slice < 16; ++slice) {
+    ASSERT_OK(image->Read(slice << 22, absl::MakeSpan(buf)));
+  }
+  // Across clusters 63 and 64: it holds both whole, and is planned
+  // cluster 63 first, whose slice it reads without the lock.
+  const std::vector<uint8_t> across = Pattern(c - 8192, 16384, 51);
+  gates.top_->Arm();
+  gates.base_->Arm();
+  std::thread writer([&] { ASSERT_OK(image->Write(c - 8192, across)); });
+  ASSERT_TRUE(gates.top_->WaitBlocked());
+  std::thread flusher([&] { ASSERT_OK(image->Flush()); });
+  ASSERT_TRUE(gates.base_->WaitBlocked());  // the fill's read
+  // The write plans again while the fill's read is held.
+  gates.top_->Release();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  gates.base_->Release();
+  writer.join();
+  flusher.join();
+  Put(&model_, c - 8192, across);
+  std::vector<uint8_t> got(4 * kCluster);
+  ASSERT_OK(image->Read(c - 2 * kCluster, absl::MakeSpan(got)));
+  EXPECT_EQ(testing::DescribeMismatch(
+                absl::MakeConstSpan(model_).subspan(c - 2 * kCluster,
+                                                    got.size()),
+                got, c - 2 * kCluster),
+            "");
+  ASSERT_OK(image->Close());
+  image_.reset();
+  ExpectQemuSees(dir_.File("top.qcow2"), model_);
 }
 
 // Several threads, each with its own queue, stream small writes into

@@ -59,6 +59,11 @@ struct Config {
   // so misses read without the lock meet write-backs of the same slices.
   uint64_t l2_cache_bytes = 0;
   uint32_t l2_slice_bytes = 0;
+  // Most writes continue the queue's last one in 4 KiB multiples, and
+  // flushes are twice as common: clusters are left pending (deferred
+  // copy-on-write) and flushes from several queues fill them while
+  // other requests run.
+  bool streams = false;
 };
 
 void CreateQcow2(const std::string& path, uint64_t size, uint32_t cluster,
@@ -123,6 +128,7 @@ TEST_P(ConcurrencyTest, RandomOverlappingOpsMatchSerialModel) {
     if (queue->uses_io_uring()) uring_queues++;
     std::mt19937_64 rng(1000 + q);
     auto& log = logs[q];
+    uint64_t stream_end = cfg.disk / cfg.queues * q;
     for (int i = 0; i < ops; ++i) {
       while (queue->in_flight() >= cfg.depth) queue->Poll(1);
       auto entry = std::make_unique<LoggedOp>();
@@ -131,8 +137,17 @@ TEST_P(ConcurrencyTest, RandomOverlappingOpsMatchSerialModel) {
       // Lengths up to a few clusters, offsets sector aligned or not (O_DIRECT
       // needs 4 KiB alignment of everything).
       const uint64_t unit = cfg.direct ? 4096 : (rng() % 2 ? 512 : 1);
-      uint64_t len = ((rng() % (3 * cfg.cluster)) / unit + 1) * unit;
+      // With streams, other requests are short, so that streams mostly
+      // enter clusters nothing allocated yet.
+      const uint64_t span = cfg.streams ? cfg.cluster / 4 : 3 * cfg.cluster;
+      uint64_t len = ((rng() % span) / unit + 1) * unit;
       uint64_t off = (rng() % (cfg.disk - len)) / unit * unit;
+      if (cfg.streams && kind < 40 && rng() % 10 < 7) {
+        len = 4096 * (rng() % 3 + 1);
+        off = stream_end + len <= cfg.disk ? stream_end : 0;
+        stream_end = off + len;
+      }
+      const int flush_from = cfg.streams ? 90 : 95;
       absl::Status s;
       auto done = [e](absl::Status st) { e->status = std::move(st); };
       std::lock_guard<std::mutex> lock(order_mu);
@@ -153,7 +168,7 @@ TEST_P(ConcurrencyTest, RandomOverlappingOpsMatchSerialModel) {
         e->op.kind = testing::ModelOp::Kind::kZero;
         e->op.unmap = rng() % 2;
         s = queue->SubmitWriteZeroes(off, len, e->op.unmap, done);
-      } else if (kind < 95) {
+      } else if (kind < flush_from) {
         e->op.kind = testing::ModelOp::Kind::kDiscard;
         s = queue->SubmitDiscard(off, len, done);
       } else {
@@ -223,6 +238,12 @@ Config Make(uint32_t cluster, bool ext, bool backing, bool direct,
   return c;
 }
 
+Config Streams(Config c) {
+  c.streams = true;
+  c.disk = 64 << 20;  // room for streams into unallocated clusters
+  return c;
+}
+
 Config TinyL2Cache(Config c) {
   c.l2_cache_bytes = 2048;  // four 512-byte slices
   c.l2_slice_bytes = 512;
@@ -238,14 +259,18 @@ INSTANTIATE_TEST_SUITE_P(
                       Make(65536, true, true, true, true),
                       Make(65536, false, true, false, false),
                       TinyL2Cache(Make(4096, false, true, false, true)),
-                      TinyL2Cache(Make(65536, true, true, false, false))),
+                      TinyL2Cache(Make(65536, true, true, false, false)),
+                      Streams(Make(65536, false, true, false, true)),
+                      Streams(Make(65536, false, true, true, true)),
+                      Streams(Make(65536, true, true, false, false))),
     [](const ::testing::TestParamInfo<Config>& info) {
       const Config& c = info.param;
       return std::to_string(c.cluster / 1024) + "k" +
              (c.extended_l2 ? "_ext" : "") +
              (c.backing ? "_overlay" : "_nobacking") +
              (c.direct ? "_direct" : "") + (c.use_io_uring ? "" : "_sync") +
-             (c.l2_cache_bytes != 0 ? "_tinyl2" : "");
+             (c.l2_cache_bytes != 0 ? "_tinyl2" : "") +
+             (c.streams ? "_streams" : "");
     });
 
 // Two queues write the two halves of one unallocated cluster at the same

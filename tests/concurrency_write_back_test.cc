@@ -28,6 +28,7 @@ using internal::MemoryFile;
 using internal::MemoryStore;
 using internal::WriteBackFile;
 using ::testing::ElementsAre;
+using testing::ExpectGoesOnWhileHeld;
 using testing::GateFile;
 using testing::GateOpener;
 using testing::TempDir;
@@ -206,22 +207,6 @@ std::vector<uint8_t> Fill(uint64_t seed, size_t len) {
   std::vector<uint8_t> v(len);
   testing::FillPseudoRandom(seed, absl::MakeSpan(v));
   return v;
-}
-
-// With an operation of thread `held` held at `gate`, runs `others` on a
-// thread of its own; then lets the held operation go and joins it. Fails
-// the test if `others` did not finish within 30 s while the operation was
-// held (`what` says what it waited for), or failed.
-void ExpectGoesOnWhileHeld(GateFile* gate, std::thread& held,
-                           std::function<absl::Status()> others,
-                           const char* what) {
-  auto done = std::async(std::launch::async, std::move(others));
-  const bool went_on =
-      done.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
-  gate->Release();
-  held.join();
-  EXPECT_TRUE(went_on) << "a request waited for " << what;
-  EXPECT_OK(done.get());
 }
 
 // Creates a 64 MiB image with 64 KiB clusters and writes Fill(offset)

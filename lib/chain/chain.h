@@ -83,6 +83,11 @@ class Chain {
   // r->status). Takes the entry into the cache and plans r again, which
   // may leave another miss to fetch.
   void LoadMiss(Request* r);
+  // After a flush planned the fill of pending clusters (r->filling): the
+  // executor has run r->plan (its error, if any, in r->status). Commits
+  // or abandons the fill, lets the clusters go, and plans the flush's
+  // metadata write-back.
+  void FinishFill(Request* r);
 
   // Runs a request to the end on this thread with blocking I/O.
   absl::Status RunSync(Request* r);
@@ -132,6 +137,17 @@ class Chain {
   uint64_t resolve_window_ = kMaxResolveWindow;
 
   void PlanLocked(Request* r);
+  // A flush's first step: plans the fill of the top's pending clusters
+  // into r->plan, each held in the lock list (r->fill_locks) until
+  // FinishFill, so that no later request touches it meanwhile. Clusters
+  // that an earlier request holds whole are filled at once, under the
+  // lock, instead. Sets r->filling if there is I/O to run.
+  void PlanFill(Request* r, Qcow2Layer* top);
+  // Ends the fill stage: aborts or commits, releases the fill locks.
+  void EndFill(Request* r);
+  // The flush whose fill is in flight, and flushes waiting for it.
+  Request* filling_ = nullptr;
+  std::vector<Request*> fill_waiters_;
   // Runs `plan` for r with metadata misses deferred (MissDeferral) and,
   // on a miss, drops the partial plan and sets r->miss_*.
   void PlanDeferringMisses(Request* r, absl::FunctionRef<absl::Status()> plan);

@@ -80,6 +80,12 @@ absl::Status Chain::Validate(const Request& r) const {
 
 bool Chain::Conflicts(const Request* a, const Request* b) const {
   if (a->lock_shared && b->lock_shared) return false;
+  // A flush's hold on clusters it fills keeps writes off them, not reads:
+  // they read what the pending cluster maps, as before the fill.
+  if ((a->kind == Request::kFlush && b->kind == Request::kRead) ||
+      (b->kind == Request::kFlush && a->kind == Request::kRead)) {
+    return false;
+  }
   return a->lock_first <= b->lock_last && b->lock_first <= a->lock_last;
 }
 
@@ -247,7 +253,8 @@ void Chain::PlanLocked(Request* r) {
       break;
     }
     case Request::kFlush:
-      st.guest_flush_ops++;
+      if (!r->counted) st.guest_flush_ops++;
+      r->counted = true;
       if (closed_) {
         r->status = ClosedError();
         break;
@@ -255,10 +262,19 @@ void Chain::PlanLocked(Request* r) {
       if (!writable_) break;
       if (top != nullptr) {
         // Clusters with deferred copy-on-write get their contents and L2
-        // entries first.
-        if (absl::Status s = top->SettleAllPending(); !s.ok()) {
-          r->status = std::move(s);
-          break;
+        // entries first: the executor fills them, then FinishFill plans
+        // again. One flush fills at a time; the others wait for it, as
+        // the clusters they must see committed may be the ones in flight.
+        // (Its executor runs the fill at once, blocking: the wait never
+        // depends on a queue being polled.)
+        if (!r->filled) {
+          if (filling_ != nullptr) {
+            fill_waiters_.push_back(r);
+            r->parked = true;
+            break;
+          }
+          PlanFill(r, top);
+          if (!r->status.ok() || r->filling) break;
         }
         absl::StatusOr<Qcow2Layer::FlushTicket> t = top->BeginFlush();
         if (!t.ok()) {
@@ -365,6 +381,110 @@ void Chain::LoadMiss(Request* r) {
   PlanLocked(r);
 }
 
+void Chain::PlanFill(Request* r, Qcow2Layer* top) {
+  r->filled = true;
+  const uint32_t cbits = LockClusterBits();
+  const uint32_t ubits = LockUnitBits();
+  const uint64_t per_cluster = uint64_t{1} << (cbits - ubits);
+  absl::Status s;
+  for (uint64_t cluster : top->PendingClusters()) {
+    Request probe;  // the cluster, as a writer would hold it
+    probe.kind = Request::kWrite;
+    probe.lock_first = cluster * per_cluster;
+    probe.lock_last = probe.lock_first + per_cluster - 1;
+    // A request granted the whole cluster (a write, write-zeroes or
+    // discard, perhaps still planning after a deferred miss) may settle
+    // the cluster itself when it plans: fill it now, under the lock, as
+    // it would. Requests holding bytes of it (reads, and writes into its
+    // units, whose bytes the fill writes again) do not mind.
+    bool held_whole = false;
+    for (const Request* other : lock_list_) {
+      if (other->lock_granted && !other->lock_fine &&
+          other->kind != Request::kFlush && Conflicts(other, &probe)) {
+        held_whole = true;
+        break;
+      }
+    }
+    if (held_whole) {
+      s = top->Materialize(cluster);
+      if (!s.ok()) break;
+      continue;
+    }
+    const size_t commits_before = r->plan.commits.size();
+    s = top->PlanFill(cluster, &r->plan);
+    if (!s.ok()) break;
+    if (r->plan.commits.size() == commits_before) continue;  // not pending
+    // Held from now on: later requests on the cluster wait for the fill.
+    // Adjacent clusters share one hold.
+    if (!r->fill_locks.empty() &&
+        r->fill_locks.back()->lock_last + 1 == probe.lock_first) {
+      r->fill_locks.back()->lock_last = probe.lock_last;
+      continue;
+    }
+    auto hold = std::make_unique<Request>();
+    hold->kind = Request::kFlush;
+    hold->lock_first = probe.lock_first;
+    hold->lock_last = probe.lock_last;
+    hold->lock_granted = true;  // never waits (see chain.h)
+    hold->in_lock_list = true;
+    lock_list_.push_back(hold.get());
+    r->fill_locks.push_back(std::move(hold));
+  }
+  if (!s.ok()) {
+    r->status = std::move(s);
+    EndFill(r);  // undoes the fills planned so far
+    return;
+  }
+  if (r->plan.commits.empty()) return;
+  if (r->plan.reads.empty() && r->plan.writes.empty()) {
+    // Nothing to copy or write again (the uncovered units of a fresh
+    // cluster known to read as zeros, say): commit now.
+    EndFill(r);
+    return;
+  }
+  r->filling = true;
+  filling_ = r;
+}
+
+void Chain::EndFill(Request* r) {
+  if (r->status.ok()) {
+    for (auto& commit : r->plan.commits) {
+      // Each commit ends its own cluster's fill: run them all.
+      if (absl::Status s = commit(); !s.ok() && r->status.ok()) {
+        Qcow2Layer* top = top_qcow2();
+        r->status = top != nullptr ? top->Fail(std::move(s)) : s;
+      }
+    }
+  } else {
+    for (auto& abort : r->plan.aborts) abort();
+    // As a failed fill under the lock would: kDataLoss marks the image.
+    if (Qcow2Layer* top = top_qcow2()) r->status = top->Fail(r->status);
+  }
+  r->plan.Clear();
+  for (auto& hold : r->fill_locks) lock_list_.remove(hold.get());
+  const bool held = !r->fill_locks.empty();
+  r->fill_locks.clear();
+  if (held) GrantWaiters();
+  if (filling_ == r) {
+    filling_ = nullptr;
+    for (Request* w : fill_waiters_) w->waiter->Wake(w);
+    fill_waiters_.clear();
+  }
+  r->filling = false;
+}
+
+void Chain::FinishFill(Request* r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  StatsScope scope(&r->stats);
+  EndFill(r);
+  if (!r->status.ok()) return;
+  if (closed_) {
+    r->status = ClosedError();
+    return;
+  }
+  PlanLocked(r);  // the flush proper
+}
+
 void Chain::GrantWaiters() {
   for (Request* w : lock_list_) {
     if (w->lock_granted || !CanGrant(w)) continue;
@@ -418,6 +538,11 @@ absl::Status Chain::RunSync(Request* r) {
     // A deferred metadata miss: read it with no lock held, plan again.
     r->status = RunOp(r->miss_op, false);
     LoadMiss(r);
+  }
+  if (r->filling) {
+    // A flush's fill of pending clusters: its I/O with no lock held.
+    if (r->status.ok()) r->status = RunPlanIo(r->plan, &r->stats);
+    FinishFill(r);
   }
   if (r->status.ok() && r->write_back_file != nullptr) {
     r->status = r->write_back_file->WriteBack(r->write_back_ticket);

@@ -226,6 +226,14 @@ class QueueImpl final : public Waiter, public Chain::StatsSource {
       }
       switch (r->phase++) {
         case 0:
+          if (r->filling) {
+            // A flush's fill of pending clusters (deferred copy-on-write):
+            // blocking I/O on this thread, with no lock held, so that a
+            // flush that waits for it never waits for this queue to be
+            // polled. FinishFill then plans the flush proper.
+            if (r->status.ok()) r->status = RunPlanIo(r->plan, &r->stats);
+            chain_->FinishFill(r);
+          }
           if (r->status.ok() && r->write_back_file != nullptr) {
             // Metadata writes recorded while it was planned (a flush's
             // write-back, evictions): blocking I/O on this thread, in

@@ -73,6 +73,14 @@ struct Request {
   bool parked = false;
   bool counted = false;   // guest counters added (once per request)
   File* flush_file = nullptr;  // kFlush: the file to flush
+  // kFlush with pending clusters (deferred copy-on-write) to fill first:
+  // while `filling`, the plan holds the fill's I/O and `fill_locks` hold
+  // the clusters in the lock list. The executor runs the plan at once,
+  // blocking, with no lock held (another flush may wait for it), then
+  // calls Chain::FinishFill, which commits it and plans the flush proper.
+  bool filling = false;
+  bool filled = false;
+  std::vector<std::unique_ptr<Request>> fill_locks;
   IoOp flush_op;
   uint64_t flush_generation = 0;
   // Metadata writes recorded while the request was planned (a flush's

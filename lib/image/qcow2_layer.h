@@ -110,9 +110,12 @@ class Qcow2Layer : public Layer {
   // is in flight: other writes into the cluster need not wait for the first.
   // A flush (or a cluster-wide request on the cluster, or Close) copies
   // the uncovered units from the chain below (standard L2 only) and sets
-  // the entry; a flush does not wait for writes in flight into the cluster (they may
-  // belong to another queue, whose thread must poll to finish them): it
-  // writes their bytes too (Materialize).
+  // the entry; a flush does not wait for writes in flight into the cluster
+  // (they may belong to another queue, whose thread must poll to finish
+  // them): it writes their bytes too (PlanFill). A flush plans the fill
+  // under the lock and its executor carries it out without it; while it
+  // does, the cluster is *filling* and writes into it need the whole
+  // cluster, which the flush holds in the lock list (Chain::PlanFill).
   static constexpr uint32_t kFineLockBits = 12;
   static constexpr uint64_t kFineLockBytes = uint64_t{1} << kFineLockBits;
   // At most this many clusters are pending at once.
@@ -123,6 +126,18 @@ class Qcow2Layer : public Layer {
   // Fills and commits every pending cluster (a flush, Close), writes in
   // flight into them included: see Materialize.
   absl::Status SettleAllPending();
+  // The pending clusters, in guest order.
+  std::vector<uint64_t> PendingClusters() const;
+  // Plans the fill of a pending cluster into `plan`: reads of its
+  // uncovered units from the chain below (standard L2 only), their writes
+  // into its host cluster, and writes of copies of the bytes of writes in
+  // flight into it. Marks it filling until the plan's commit (which sets
+  // its L2 entry) or abort (which leaves it pending). The caller holds the
+  // lock, and keeps other requests off the whole cluster until then.
+  absl::Status PlanFill(uint64_t cluster, IoPlan* plan);
+  // PlanFill, carried out at once (blocking I/O, under the caller's lock)
+  // and committed.
+  absl::Status Materialize(uint64_t cluster);
   // Plans and carries out a write at once (blocking I/O).
   absl::Status Write(uint64_t offset, absl::Span<const uint8_t> data);
   // Makes the range read as zeros; with `free_clusters`, host clusters of
@@ -201,6 +216,9 @@ class Qcow2Layer : public Layer {
     uint32_t covered_units = 0;
     std::vector<PendingWrite> in_flight;  // planned, not finished
     bool virgin = false;  // the host cluster never held anything
+    // A fill planned by PlanFill is in flight: the fill, not the last
+    // write to finish, commits the cluster.
+    bool filling = false;
   };
   enum class FineKind { kNone, kInPlace, kPending, kDefer };
   FineKind ClassifyFine(uint64_t cluster, uint64_t in_cluster, uint64_t len,
@@ -214,11 +232,6 @@ class Qcow2Layer : public Layer {
   // covered at all), and frees it when nothing covers it.
   absl::Status FinishPendingWrite(uint64_t cluster, uint64_t id,
                                   const std::vector<uint64_t>& newly, bool ok);
-  // Copies the uncovered units of a pending cluster from the chain below,
-  // writes the bytes of writes in flight into it again from their
-  // buffers (blocking I/O, under the caller's lock, which those writes
-  // need to finish), and sets its L2 entry.
-  absl::Status Materialize(uint64_t cluster);
   // Sets a pending cluster's L2 entry: every unit holds its data (standard
   // L2), or covered subclusters become allocated (extended L2).
   absl::Status CommitPending(uint64_t cluster);

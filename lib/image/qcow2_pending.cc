@@ -40,6 +40,9 @@ Qcow2Layer::FineKind Qcow2Layer::ClassifyFine(uint64_t cluster,
                     : kFineLockBytes;
   const bool aligned = IsAligned(in_cluster, unit) && IsAligned(len, unit);
   if (auto it = pending_.find(cluster); it != pending_.end()) {
+    // Being filled by a flush, with no lock held: a write into it waits
+    // for the whole cluster, which the fill holds.
+    if (it->second.filling) return FineKind::kNone;
     return aligned ? FineKind::kPending : FineKind::kNone;
   }
   L2Ref ref;
@@ -190,7 +193,9 @@ absl::Status Qcow2Layer::FinishPendingWrite(uint64_t cluster, uint64_t id,
       p.covered_units -= std::popcount(newly[w]);
     }
   }
-  if (!p.in_flight.empty()) return absl::OkStatus();
+  // A fill in flight wrote this write's bytes too, and commits the
+  // cluster (or leaves it pending if it fails).
+  if (!p.in_flight.empty() || p.filling) return absl::OkStatus();
   const Geometry& g = map_->geometry();
   if (p.covered_units == 0) {
     const uint64_t host = p.host;
@@ -230,25 +235,41 @@ absl::Status Qcow2Layer::CommitPending(uint64_t cluster) {
   return absl::OkStatus();
 }
 
-absl::Status Qcow2Layer::Materialize(uint64_t cluster) {
+std::vector<uint64_t> Qcow2Layer::PendingClusters() const {
+  std::vector<uint64_t> out;
+  out.reserve(pending_.size());
+  for (const auto& [cluster, p] : pending_) out.push_back(cluster);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+absl::Status Qcow2Layer::PlanFill(uint64_t cluster, IoPlan* plan) {
   auto it = pending_.find(cluster);
   if (it == pending_.end()) return absl::OkStatus();
   PendingCluster& p = it->second;
+  if (p.filling) {
+    return absl::InternalError(absl::StrFormat(
+        "%s: guest cluster %d is already being filled", file_->name(),
+        cluster));
+  }
   const Geometry& g = map_->geometry();
   const uint64_t units = g.cluster_size / kFineLockBytes;
   const uint64_t guest = cluster << g.cluster_bits;
-  IoPlan plan;
+  const size_t writes_before = plan->writes.size();
   // Writes still in flight into the cluster (a flush does not wait for
-  // them): their bytes are written again from their buffers, which stay
-  // valid until they finish (under the lock this runs with). The same
-  // bytes written twice at once read back as those bytes.
+  // them): their bytes are written again, from copies taken now, while
+  // their buffers are certainly valid (they cannot finish while the
+  // caller holds the lock). The same bytes written twice at once read
+  // back as those bytes.
   for (const PendingWrite& w : p.in_flight) {
+    uint8_t* copy = plan->Buffer(w.len);
+    std::copy(w.data, w.data + w.len, copy);
     IoOp op;
     op.file = file_.get();
     op.offset = p.host + w.in_cluster;
     op.guest_bytes = 0;
-    op.Add(w.data, w.len);
-    plan.writes.push_back(std::move(op));
+    op.Add(copy, w.len);
+    plan->writes.push_back(std::move(op));
   }
   bool filled = false;
   // With extended L2, uncovered subclusters simply stay as they are.
@@ -270,29 +291,53 @@ absl::Status Qcow2Layer::Materialize(uint64_t cluster) {
         continue;
       }
     }
-    uint8_t* buf = plan.Buffer(len);
-    RETURN_IF_ERROR(PlanReadOld(0, 0, guest + start, buf, len, &plan));
+    uint8_t* buf = plan->Buffer(len);
+    RETURN_IF_ERROR(PlanReadOld(0, 0, guest + start, buf, len, plan));
     IoOp op;
     op.file = file_.get();
     op.offset = p.host + start;
     op.guest_bytes = 0;  // all of it is copy-on-write
     op.Add(buf, len);
-    plan.writes.push_back(std::move(op));
+    plan->writes.push_back(std::move(op));
     filled = true;
   }
   if (filled) CountMetadata(&IoStats::cow_deferred_filled, 1);
-  if (!plan.writes.empty()) {
-    EmitEvent("deferred-fill");
-    RETURN_IF_ERROR(RunPlanIo(plan, CurrentStats()));
-    for (auto& commit : plan.commits) RETURN_IF_ERROR(commit());
+  if (plan->writes.size() != writes_before) EmitEvent("deferred-fill");
+  p.filling = true;
+  plan->commits.push_back([this, cluster] {
+    auto it = pending_.find(cluster);
+    // Gone: dropped when the image was marked corrupt.
+    if (it == pending_.end()) return absl::OkStatus();
+    PendingCluster& p = it->second;
+    p.filling = false;
+    // Every unit holds its data now (with standard L2): the cluster can
+    // go into the table.
+    if (!map_->geometry().extended_l2) {
+      std::fill(p.covered.begin(), p.covered.end(), ~uint64_t{0});
+      p.covered_units = static_cast<uint32_t>(map_->geometry().cluster_size /
+                                              kFineLockBytes);
+    }
+    return CommitPending(cluster);
+  });
+  plan->aborts.push_back([this, cluster] {
+    // The cluster stays pending, as it was; the next flush fills it.
+    if (auto it = pending_.find(cluster); it != pending_.end()) {
+      it->second.filling = false;
+    }
+  });
+  return absl::OkStatus();
+}
+
+absl::Status Qcow2Layer::Materialize(uint64_t cluster) {
+  IoPlan plan;
+  absl::Status s = PlanFill(cluster, &plan);
+  if (s.ok() && !plan.writes.empty()) s = RunPlanIo(plan, CurrentStats());
+  if (!s.ok()) {
+    for (auto& abort : plan.aborts) abort();
+    return s;
   }
-  // Every unit holds its data now (with standard L2): the cluster can go
-  // into the table.
-  if (!g.extended_l2) {
-    std::fill(p.covered.begin(), p.covered.end(), ~uint64_t{0});
-    p.covered_units = static_cast<uint32_t>(units);
-  }
-  return CommitPending(cluster);
+  for (auto& commit : plan.commits) RETURN_IF_ERROR(commit());
+  return absl::OkStatus();
 }
 
 absl::Status Qcow2Layer::SettleAllPending() {

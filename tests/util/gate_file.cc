@@ -1,6 +1,10 @@
 #include "tests/util/gate_file.h"
 
 #include <chrono>
+#include <future>
+#include <utility>
+
+#include "gtest/gtest.h"
 
 namespace qcow2::testing {
 
@@ -42,6 +46,19 @@ absl::StatusOr<std::unique_ptr<File>> GateOpener::Open(
   auto g = std::make_unique<GateFile>(std::move(*f), spec_);
   last_ = g.get();
   return std::unique_ptr<File>(std::move(g));
+}
+
+void ExpectGoesOnWhileHeld(GateFile* gate, std::thread& held,
+                           std::function<absl::Status()> others,
+                           const char* what) {
+  auto done = std::async(std::launch::async, std::move(others));
+  const bool went_on =
+      done.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+  gate->Release();
+  held.join();
+  EXPECT_TRUE(went_on) << "a request waited for " << what;
+  absl::Status s = done.get();
+  EXPECT_TRUE(s.ok()) << s;
 }
 
 }  // namespace qcow2::testing

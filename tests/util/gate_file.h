@@ -5,9 +5,11 @@
 
 #include <condition_variable>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "qcow2/file.h"
 
@@ -78,6 +80,14 @@ class GateOpener : public FileOpener {
   const GateSpec spec_;
   GateFile* last_ = nullptr;
 };
+
+// With an operation of thread `held` held at `gate`, runs `others` on a
+// thread of its own; then lets the held operation go and joins `held`.
+// Fails the test if `others` did not finish within 30 s while the
+// operation was held (`what` says what it waited for), or failed.
+void ExpectGoesOnWhileHeld(GateFile* gate, std::thread& held,
+                           std::function<absl::Status()> others,
+                           const char* what);
 
 }  // namespace qcow2::testing
 
