@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "qcow2/image.h"
 #include "qcow2/queue.h"
@@ -105,6 +106,18 @@ class DeferredCowTest : public ::testing::Test {
     ASSERT_OK(image_->Close());
     image_.reset();
     ExpectQemuSees(dir_.File("top.qcow2"), model_);
+  }
+
+  // Reads [offset, +len) and compares it with the model (from any
+  // thread: the model's range must not change meanwhile).
+  absl::Status ReadMatches(uint64_t offset, uint64_t len) {
+    std::vector<uint8_t> got(len);
+    absl::Status s = image_->Read(offset, absl::MakeSpan(got));
+    if (s.ok() &&
+        !std::equal(got.begin(), got.end(), model_.begin() + offset)) {
+      s = absl::InternalError(absl::StrCat("read other bytes at ", offset));
+    }
+    return s;
   }
 
   // Opens a fresh overlay behind `opener`, and leaves guest cluster `c`
@@ -381,12 +394,7 @@ TEST_F(DeferredCowTest, FlushFillsPendingClustersWithoutTheLock) {
       [&] {
         // A read across the pending cluster, a new cluster written whole,
         // and a write in place.
-        std::vector<uint8_t> got(8192);
-        absl::Status s = image->Read(c - 4096, absl::MakeSpan(got));
-        if (s.ok() && !std::equal(got.begin(), got.end(),
-                                  model_.begin() + c - 4096)) {
-          s = absl::InternalError("read other bytes");
-        }
+        absl::Status s = ReadMatches(c - 4096, 8192);
         if (s.ok()) s = image->Write(9 * kCluster, whole);
         if (s.ok()) s = image->Write(c - 8192, in_place);
         // Then the write into the cluster being filled, let go with the
@@ -427,6 +435,36 @@ TEST_F(DeferredCowTest, ALaterFlushWaitsForAnEarlierFill) {
   second.join();
   EXPECT_TRUE(second_saw_release)
       << "a flush returned while an earlier flush still filled a cluster";
+  CloseAndVerify();
+}
+
+// Write-zeroes over part of a cluster copies the rest of it with no lock
+// held, as a write does: while its read of the backing file is held,
+// requests elsewhere complete.
+TEST_F(DeferredCowTest, PartialWriteZeroesCopyWithoutTheLock) {
+  image_.reset();
+  // The copy of the 56 KiB after the zeroed 4 KiB of the cluster's second.
+  testing::GateOpener opener({.read_size = kCluster - 8192});
+  image_ = FreshOverlay(dir_, base_, /*extended_l2=*/false, &opener);
+  ASSERT_NE(image_, nullptr);
+  Image* image = image_.get();
+  testing::GateFile* base_file = opener.last();
+  const uint64_t c = 5 * kCluster;
+  base_file->Arm();
+  std::thread zeroing(
+      [&] { ASSERT_OK(image->WriteZeroes(c + 4096, 4096, false)); });
+  ASSERT_TRUE(base_file->WaitBlocked());
+  const std::vector<uint8_t> whole = Pattern(9 * kCluster, kCluster, 60);
+  testing::ExpectGoesOnWhileHeld(
+      base_file, zeroing,
+      [&] {
+        absl::Status s = ReadMatches(c - 8192, 8192);
+        if (s.ok()) s = image->Write(9 * kCluster, whole);
+        return s;
+      },
+      "a partial write-zeroes' copy-on-write");
+  std::fill_n(model_.begin() + c + 4096, 4096, 0);
+  Put(&model_, 9 * kCluster, whole);
   CloseAndVerify();
 }
 

@@ -238,9 +238,11 @@ void Chain::PlanLocked(Request* r) {
       (discard ? st.guest_discard_ops : st.guest_zero_ops)++;
       (discard ? st.guest_discard_bytes : st.guest_zero_bytes) += r->len;
       if (r->len == 0) break;
-      // qcow2: mostly metadata, done here under the lock.
+      // qcow2: mostly metadata, done here under the lock; zero bytes
+      // written into part of a cluster are planned, for the executor.
       if (top != nullptr) {
-        r->status = top->Zero(r->offset, r->len, discard || r->unmap);
+        r->status =
+            top->Zero(r->offset, r->len, discard || r->unmap, &r->plan);
       } else {
         // A raw file: one zero-range call, run by the executor.
         IoOp op;

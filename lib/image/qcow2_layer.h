@@ -141,8 +141,13 @@ class Qcow2Layer : public Layer {
   // Plans and carries out a write at once (blocking I/O).
   absl::Status Write(uint64_t offset, absl::Span<const uint8_t> data);
   // Makes the range read as zeros; with `free_clusters`, host clusters of
-  // fully covered clusters are released. Blocking I/O.
-  absl::Status Zero(uint64_t offset, uint64_t len, bool free_clusters);
+  // fully covered clusters are released. Metadata changes are made at
+  // once. Zero bytes written into part of a cluster with standard L2
+  // entries are planned into `plan` when given (the caller runs and
+  // commits it, holding the cluster), else written at once; the other
+  // byte writes (subclusters, version 2 images) are blocking I/O.
+  absl::Status Zero(uint64_t offset, uint64_t len, bool free_clusters,
+                    IoPlan* plan = nullptr);
   absl::Status Flush() override;
   // Flush in three steps, so that the metadata write-back and the file
   // flush run without the caller's lock:

@@ -124,7 +124,7 @@ absl::Status Qcow2Layer::ZeroSubclusters(uint64_t cluster, uint64_t in_cluster,
 }
 
 absl::Status Qcow2Layer::Zero(uint64_t offset, uint64_t len,
-                              bool free_clusters) {
+                              bool free_clusters, IoPlan* plan) {
   RETURN_IF_ERROR(PrepareWrite());
   // Clusters waiting for their L2 entry get it first (the caller holds
   // them whole, so no write to them is in flight).
@@ -155,8 +155,11 @@ absl::Status Qcow2Layer::Zero(uint64_t offset, uint64_t len,
                         (e.kind == Extent::kZero ||
                          (e.kind == Extent::kUnallocated && !backing_));
       if (!reads_zero) {
-        s = WriteClusterNow(cluster, in_cluster,
-                         absl::MakeConstSpan(ZeroCluster2M().data(), n));
+        const auto zeros = absl::MakeConstSpan(ZeroCluster2M().data(), n);
+        // Planned: the caller's executor writes it with no lock held. No
+        // other change of this request touches the cluster.
+        s = plan != nullptr ? PlanWriteCluster(cluster, in_cluster, zeros, plan)
+                            : WriteClusterNow(cluster, in_cluster, zeros);
       }
     }
     if (!s.ok()) return Fail(std::move(s));
