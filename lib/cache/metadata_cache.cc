@@ -14,8 +14,8 @@ namespace {
 thread_local MissDeferral* t_deferral = nullptr;
 }  // namespace
 
-MissDeferral::MissDeferral(const IoPlan* plan)
-    : plan_(plan), saved_(t_deferral) {
+MissDeferral::MissDeferral(const IoPlan* plan, bool even_with_work)
+    : plan_(plan), even_with_work_(even_with_work), saved_(t_deferral) {
   t_deferral = this;
 }
 
@@ -23,7 +23,7 @@ MissDeferral::~MissDeferral() { t_deferral = saved_; }
 
 MissDeferral* MissDeferral::Active() {
   MissDeferral* d = t_deferral;
-  if (d == nullptr || d->deferred()) return d;
+  if (d == nullptr || d->deferred() || d->even_with_work_) return d;
   const IoPlan* p = d->plan_;
   if (!p->reads.empty() || !p->writes.empty() || !p->commits.empty() ||
       !p->aborts.empty() || !p->after_reads.empty()) {

@@ -44,12 +44,15 @@ class MetadataCache;
 class WriteBackFile;
 
 // Installed on a thread while the engine plans one request whose executor
-// can fetch a missing entry itself. A miss is deferred only while `plan` is
-// still empty: once the plan holds allocations or I/O, dropping it would
-// waste what it holds, so later misses are read at once.
+// can fetch a missing entry itself. For a write, a miss is deferred only
+// while `plan` is still empty: once the plan holds allocations or I/O,
+// dropping it would waste what it holds, so later misses are read at once.
+// A read's plan is dropped and made again at any miss.
 class MissDeferral {
  public:
-  explicit MissDeferral(const IoPlan* plan);
+  // Misses are deferred while `plan` is empty, or at any time with
+  // `even_with_work` (a read's plan: dropping it undoes nothing).
+  explicit MissDeferral(const IoPlan* plan, bool even_with_work = false);
   ~MissDeferral();
   MissDeferral(const MissDeferral&) = delete;
   MissDeferral& operator=(const MissDeferral&) = delete;
@@ -70,6 +73,7 @@ class MissDeferral {
 
  private:
   const IoPlan* const plan_;
+  const bool even_with_work_;
   MissDeferral* const saved_;
 };
 

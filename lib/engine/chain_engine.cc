@@ -300,7 +300,10 @@ void Chain::PlanDeferringMisses(Request* r,
     r->pinned.clear();
     return;
   }
-  MissDeferral deferral(&r->plan);
+  // A read's plan holds only reads into its own buffers: it can be
+  // dropped at any miss and made again (the entries read for it stay
+  // pinned, so each round gets further). A write's may hold allocations.
+  MissDeferral deferral(&r->plan, r->kind == Request::kRead);
   absl::Status s;
   {
     EvictionScope evictions(TopWriteBack(), r);
