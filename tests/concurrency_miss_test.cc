@@ -302,6 +302,66 @@ TEST_F(SliceMiss, ALongReadReadsItsSecondSliceWithoutTheLock) {
   }
 }
 
+// A small write into an overlay whose backing file's L2 slice for the
+// cluster is not cached reads that slice before it allocates anything,
+// with no lock held: requests elsewhere complete meanwhile. Before, the
+// copy-on-write planned after the allocation read it under the lock.
+TEST(MissDeferral, CopyOnWriteSourceTableIsReadWithoutTheLock) {
+  TempDir dir;
+  {
+    std::unique_ptr<Image> base =
+        CreateFilled(dir.File("base.qcow2"), 64 << 20);
+    ASSERT_NE(base, nullptr);
+    ASSERT_OK(base->Close());
+  }
+  const std::string top = dir.File("top.qcow2");
+  CreateOptions co;
+  co.size = 64 << 20;
+  co.cluster_size = 65536;
+  co.backing_file = "base.qcow2";
+  co.backing_format = "qcow2";
+  ASSERT_OK(CreateImage(top, co));
+  testing::GateOpener opener({.read_size = 512});
+  OpenOptions oo;
+  oo.read_write = true;
+  oo.l2_slice_bytes = 512;
+  oo.l2_cache_bytes = 64 << 10;
+  oo.opener = &opener;
+  ASSERT_OK_AND_ASSIGN(auto image, Image::Open(top, oo));
+  testing::GateFile* base_gate = opener.last();  // opened after the top
+  std::vector<uint8_t> small(4096);
+  testing::FillPseudoRandom(11, absl::MakeSpan(small));
+  ASSERT_OK(image->Write(4096, small));  // cluster 0 ours, slices cached
+  base_gate->Arm();
+  const uint64_t far = (40 << 20) + 4096;  // base slice 10, not cached
+  std::thread blocked([&] { ASSERT_OK(image->Write(far, small)); });
+  ASSERT_TRUE(base_gate->WaitBlocked());
+  std::vector<uint8_t> in_place(4096);
+  testing::FillPseudoRandom(12, absl::MakeSpan(in_place));
+  testing::ExpectGoesOnWhileHeld(
+      base_gate, blocked,
+      [&] {
+        std::vector<uint8_t> r(4096);
+        absl::Status s = image->Read(4096, absl::MakeSpan(r));
+        if (s.ok() && r != small) s = absl::InternalError("read other bytes");
+        if (s.ok()) s = image->Write(8192, in_place);
+        return s;
+      },
+      "another write's copy-on-write source table");
+  ASSERT_OK(image->Close());
+  if (!testing::HaveQemu()) return;
+  testing::CommandResult check = testing::QemuCheck(top);
+  EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> all, testing::QemuReadAll(top));
+  std::vector<uint8_t> want = Pattern(1 << 20, 0, 65536);
+  std::copy(small.begin(), small.end(), want.begin() + 4096);
+  std::copy(in_place.begin(), in_place.end(), want.begin() + 8192);
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), all.begin()));
+  want = Pattern(1 << 20, far - 4096, 65536);
+  std::copy(small.begin(), small.end(), want.begin() + 4096);
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), all.begin() + far - 4096));
+}
+
 // Through queues, with io_uring: reads through a chain with cold caches
 // read each L2 slice once, count each request once, and return the data.
 TEST(MissDeferral, QueueReadsThroughAColdChain) {

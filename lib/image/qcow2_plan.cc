@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "lib/cache/metadata_cache.h"
 #include "lib/compress/compress.h"
 #include "lib/format/entries.h"
 #include "lib/image/qcow2_layer.h"
@@ -327,6 +328,16 @@ absl::Status Qcow2Layer::PlanWriteCluster(uint64_t cluster,
   // after the L2 update: refuse now, before anything is allocated, if that
   // would free metadata.
   RETURN_IF_ERROR(CheckNotMetadata(entry, guest));
+  // The chain below, looked at before anything is allocated: while the
+  // plan is still empty, a table missing there is read by the executor
+  // with no lock held (MissDeferral); once the plan holds the allocation,
+  // the copy-on-write read below would read it under the lock.
+  const bool copies =
+      in_cluster > 0 || in_cluster + data.size() < g.cluster_size;
+  if (copies && host == 0 && !compressed && !g.extended_l2 && backing_zero_ &&
+      MissDeferral::Active() != nullptr) {
+    RETURN_IF_ERROR(KnownZero(entry, bitmap, guest, g.cluster_size).status());
+  }
   // A cluster past everything the file ever held reads as zeros on disk.
   const uint64_t end_before = refcounts_->end_cluster();
   ASSIGN_OR_RETURN(uint64_t fresh, refcounts_->Allocate(1));
