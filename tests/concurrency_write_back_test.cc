@@ -1,6 +1,7 @@
 // A flush's metadata write-back runs without the image's lock
 // (lib/cache/write_back_file.h): the write-back file's ordering rules, and
 // requests going on while a flush writes metadata.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -174,6 +175,25 @@ TEST(WriteBackFile, EventsAndPinsFollowTheLog) {
 
 // An entry whose recorded write-back is still queued is not evicted: read
 // again from the file, it would come back stale.
+// Each installation lets a request record a bounded number of
+// write-backs; nested ones have their own.
+TEST(WriteBackFile, DeferEvictionsHasABudget) {
+  EXPECT_FALSE(WriteBackFile::DeferEvictions::Spend());
+  {
+    WriteBackFile::DeferEvictions outer;
+    for (int i = 0; i < WriteBackFile::DeferEvictions::kBudget; ++i) {
+      EXPECT_TRUE(WriteBackFile::DeferEvictions::Spend()) << i;
+    }
+    EXPECT_FALSE(WriteBackFile::DeferEvictions::Spend());
+    {
+      WriteBackFile::DeferEvictions inner;
+      EXPECT_TRUE(WriteBackFile::DeferEvictions::Spend());
+    }
+    EXPECT_FALSE(WriteBackFile::DeferEvictions::Spend());
+  }
+  EXPECT_FALSE(WriteBackFile::DeferEvictions::Active());
+}
+
 TEST(WriteBackFile, ACacheKeepsEntriesUntilTheirWriteBack) {
   OpLogFile base;
   ASSERT_OK(base.WriteAt(0, std::vector<uint8_t>(8 * 512, 1)));
@@ -321,6 +341,38 @@ TEST_F(FlushWriteBack, ALaterFlushWaitsForAnEarlierWriteBack) {
   ASSERT_OK(image->Close());
   CheckWithQemu(
       path_, {{0, kCluster}, {kCluster, kCluster}, {6 * kCluster, kCluster}});
+}
+
+// A discard that frees a cluster after an allocation must first write the
+// L2 cache out (new entries and their refcounts before the freed
+// cluster's refcount can drop). It records that write-back while planned,
+// and its executor writes it with no lock held: while it is held at its
+// file flush, a read and an in-place write complete.
+TEST_F(FlushWriteBack, RequestsGoOnWhileADiscardWritesTheCacheItNeedsFirst) {
+  gate_->Arm();
+  Image* image = image_.get();
+  std::thread discarding([&] { ASSERT_OK(image->Discard(0, kCluster)); });
+  ASSERT_TRUE(gate_->WaitBlocked());
+  ExpectGoesOnWhileHeld(
+      gate_, discarding,
+      [&] {
+        std::vector<uint8_t> buf(kCluster);
+        absl::Status s = image->Read(kCluster, absl::MakeSpan(buf));
+        if (s.ok() && buf != Fill(kCluster, kCluster)) {
+          s = absl::InternalError("read other bytes");
+        }
+        // In place: cluster 1 is allocated.
+        if (s.ok()) s = image->Write(kCluster, Fill(kCluster, 4096));
+        return s;
+      },
+      "a discard's metadata write-back");
+  ASSERT_OK(image->Close());
+  CheckWithQemu(path_, {{kCluster, kCluster}});
+  if (testing::HaveQemu()) {
+    ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> all, testing::QemuReadAll(path_));
+    EXPECT_TRUE(std::all_of(all.begin(), all.begin() + kCluster,
+                            [](uint8_t b) { return b == 0; }));
+  }
 }
 
 // A request that evicts dirty L2 slices from a full cache writes them back

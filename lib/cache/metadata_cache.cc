@@ -141,9 +141,8 @@ absl::Status MetadataCache::MakeRoom() {
   // A dirty entry met on the way is recorded for the request's executor to
   // write without the lock (it stays pinned, and cached, until then), and
   // the walk goes on for a clean one, when the engine allows it.
-  const bool defer = write_back_ != nullptr &&
-                     WriteBackFile::DeferEvictions::Active() &&
-                     !write_back_->recording();
+  const bool defer = write_back_ != nullptr && !write_back_->recording() &&
+                     WriteBackFile::DeferEvictions::Spend();
   bool recording = false;
   absl::Status s;
   // Walk from the least recently used end; skip pinned entries.
@@ -234,9 +233,21 @@ absl::Status MetadataCache::Flush() {
 absl::Status MetadataCache::SetDependency(MetadataCache* other) {
   if (other == this || depends_on_ == other) return absl::OkStatus();
   // Keep the dependency graph a single edge: a cache that itself waits on
-  // another is written out now, so no cycle can form.
-  if (other->depends_on_ != nullptr) RETURN_IF_ERROR(other->Flush());
-  if (depends_on_ != nullptr) RETURN_IF_ERROR(Flush());
+  // another is written out now, so no cycle can form. While a request is
+  // planned (DeferEvictions) that write-back is recorded instead, for its
+  // executor to write with no lock held: entries stay pinned until then,
+  // and every later metadata write goes after it.
+  const bool must_write = other->depends_on_ != nullptr ||
+                          depends_on_ != nullptr;
+  const bool record = must_write && write_back_ != nullptr &&
+                      !write_back_->recording() &&
+                      WriteBackFile::DeferEvictions::Spend();
+  if (record) write_back_->BeginRecord();
+  absl::Status s;
+  if (other->depends_on_ != nullptr) s = other->Flush();
+  if (s.ok() && depends_on_ != nullptr) s = Flush();
+  if (record) write_back_->EndRecord();
+  RETURN_IF_ERROR(s);
   depends_on_ = other;
   return absl::OkStatus();
 }

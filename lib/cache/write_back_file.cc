@@ -68,6 +68,13 @@ bool WriteBackFile::DeferEvictions::Active() {
   return t_defer_evictions != nullptr;
 }
 
+bool WriteBackFile::DeferEvictions::Spend() {
+  DeferEvictions* d = t_defer_evictions;
+  if (d == nullptr || d->left_ == 0) return false;
+  --d->left_;
+  return true;
+}
+
 absl::Status WriteBackFile::WriteBack(uint64_t ticket) {
   std::unique_lock<std::mutex> lock(mu_);
   return WriteQueued(lock, ticket);

@@ -76,19 +76,29 @@ class WriteBackFile : public File {
 
   // Installed on a thread while it plans a request whose executor will
   // call WriteBack(last_queued()) before the request's own I/O: a cache
-  // then records the write-back of an entry it evicts instead of writing
-  // it under the lock (MetadataCache::MakeRoom). Elsewhere evictions write
-  // at once, so that no log waits long for someone to write it.
+  // then records the write-back of entries it evicts, or that it must
+  // write out before a new dependency (MetadataCache::MakeRoom,
+  // SetDependency), instead of writing them under the lock. Elsewhere they
+  // are written at once, so that no log waits long for someone to write
+  // it. At most kBudget such recordings per installation: recorded
+  // entries stay cached until written, so a request that touches much
+  // metadata (a discard of a large range) writes the rest at once and the
+  // cache stays near its capacity.
   class DeferEvictions {
    public:
+    static constexpr int kBudget = 16;
     DeferEvictions();
     ~DeferEvictions();
     DeferEvictions(const DeferEvictions&) = delete;
     DeferEvictions& operator=(const DeferEvictions&) = delete;
     static bool Active();
+    // Takes one recording from the budget of the installation in force:
+    // false if there is none, or it is spent.
+    static bool Spend();
 
    private:
     DeferEvictions* const saved_;
+    int left_ = kBudget;
   };
 
   absl::Status ReadAt(uint64_t offset, absl::Span<uint8_t> buf) override {

@@ -239,8 +239,11 @@ void Chain::PlanLocked(Request* r) {
       (discard ? st.guest_discard_bytes : st.guest_zero_bytes) += r->len;
       if (r->len == 0) break;
       // qcow2: mostly metadata, done here under the lock; zero bytes
-      // written into part of a cluster are planned, for the executor.
+      // written into part of a cluster are planned, and metadata written
+      // out on the way (evictions, a cache written before a free) is
+      // recorded, for the executor.
       if (top != nullptr) {
+        EvictionScope evictions(TopWriteBack(), r);
         r->status =
             top->Zero(r->offset, r->len, discard || r->unmap, &r->plan);
       } else {
