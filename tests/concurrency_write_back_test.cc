@@ -288,6 +288,18 @@ class FlushWriteBack : public ::testing::Test {
     flusher_.join();
   }
 
+  // Reads cluster 1 back, then writes its first 4 KiB again, in place
+  // (the same bytes): neither changes metadata.
+  absl::Status ReadAndWriteInPlace() {
+    std::vector<uint8_t> buf(kCluster);
+    absl::Status s = image_->Read(kCluster, absl::MakeSpan(buf));
+    if (s.ok() && buf != Fill(kCluster, kCluster)) {
+      s = absl::InternalError("read other bytes");
+    }
+    if (s.ok()) s = image_->Write(kCluster, Fill(kCluster, 4096));
+    return s;
+  }
+
   TempDir dir_;
   std::string path_;
   GateOpener opener_{{.flush = true}};
@@ -355,16 +367,7 @@ TEST_F(FlushWriteBack, RequestsGoOnWhileADiscardWritesTheCacheItNeedsFirst) {
   ASSERT_TRUE(gate_->WaitBlocked());
   ExpectGoesOnWhileHeld(
       gate_, discarding,
-      [&] {
-        std::vector<uint8_t> buf(kCluster);
-        absl::Status s = image->Read(kCluster, absl::MakeSpan(buf));
-        if (s.ok() && buf != Fill(kCluster, kCluster)) {
-          s = absl::InternalError("read other bytes");
-        }
-        // In place: cluster 1 is allocated.
-        if (s.ok()) s = image->Write(kCluster, Fill(kCluster, 4096));
-        return s;
-      },
+      [&] { return ReadAndWriteInPlace(); },
       "a discard's metadata write-back");
   ASSERT_OK(image->Close());
   CheckWithQemu(path_, {{kCluster, kCluster}});
@@ -373,6 +376,28 @@ TEST_F(FlushWriteBack, RequestsGoOnWhileADiscardWritesTheCacheItNeedsFirst) {
     EXPECT_TRUE(std::all_of(all.begin(), all.begin() + kCluster,
                             [](uint8_t b) { return b == 0; }));
   }
+}
+
+// The mirror case, in a commit: after a discard the refcounts wait for
+// the L2 cache, so an allocating write's commit must write both out
+// before its new entry may depend on its refcount. The commit records
+// that write-back and the write's executor writes it once it has let the
+// lock go: while it is held at its file flush, a read and an in-place
+// write complete.
+TEST_F(FlushWriteBack, RequestsGoOnWhileACommitWritesTheCacheItNeedsFirst) {
+  Image* image = image_.get();
+  ASSERT_OK(image->Discard(0, kCluster));
+  gate_->Arm();
+  std::thread allocating([&] {
+    ASSERT_OK(image->Write(5 * kCluster, Fill(5 * kCluster, kCluster)));
+  });
+  ASSERT_TRUE(gate_->WaitBlocked());
+  ExpectGoesOnWhileHeld(
+      gate_, allocating,
+      [&] { return ReadAndWriteInPlace(); },
+      "a commit's metadata write-back");
+  ASSERT_OK(image->Close());
+  CheckWithQemu(path_, {{kCluster, kCluster}, {5 * kCluster, kCluster}});
 }
 
 // A request that evicts dirty L2 slices from a full cache writes them back

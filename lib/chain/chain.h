@@ -77,6 +77,8 @@ class Chain {
   // Plan(r).
   bool Begin(Request* r);
   void Plan(Request* r);
+  // Commits (or aborts) under the lock, then writes with no lock held any
+  // metadata the commits had to write out (recorded: DeferEvictions).
   void Finish(Request* r);
   // After planning left r->miss_cache set: the executor has run
   // r->miss_op (a read, with no lock held; its error, if any, in
@@ -137,6 +139,7 @@ class Chain {
   uint64_t resolve_window_ = kMaxResolveWindow;
 
   void PlanLocked(Request* r);
+  void FinishLocked(Request* r);
   // A flush's first step: plans the fill of the top's pending clusters
   // into r->plan, each held in the lock list (r->fill_locks) until
   // FinishFill, so that no later request touches it meanwhile. Clusters

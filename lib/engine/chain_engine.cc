@@ -502,9 +502,37 @@ void Chain::GrantWaiters() {
 }
 
 void Chain::Finish(Request* r) {
-  std::lock_guard<std::mutex> lock(mu_);
+  WriteBackFile* meta = nullptr;
+  uint64_t ticket = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    FinishLocked(r);
+    // Metadata written out by the commits (a cache a new dependency
+    // needed on disk first, an eviction) was recorded: written here, with
+    // no lock held.
+    if (r->commit_write_back != 0) {
+      meta = TopWriteBack();
+      ticket = r->commit_write_back;
+    }
+  }
+  if (meta != nullptr) {
+    StatsScope scope(&r->stats);
+    absl::Status s = meta->WriteBack(ticket);
+    // The log stays queued and the next flush writes it again.
+    if (!s.ok() && r->status.ok()) r->status = std::move(s);
+  }
+  if (r->owner == nullptr) {
+    std::lock_guard<std::mutex> lock(mu_);
+    retired_stats_ += r->stats;
+  }
+}
+
+void Chain::FinishLocked(Request* r) {
   StatsScope scope(&r->stats);
   if (r->status.ok()) {
+    WriteBackFile* meta = TopWriteBack();
+    const uint64_t before = meta != nullptr ? meta->last_queued() : 0;
+    WriteBackFile::DeferEvictions defer;
     for (auto& commit : r->plan.commits) {
       absl::Status s = commit();
       if (!s.ok()) {
@@ -513,6 +541,9 @@ void Chain::Finish(Request* r) {
         r->status = top != nullptr ? top->Fail(std::move(s)) : s;
         break;
       }
+    }
+    if (meta != nullptr && meta->last_queued() != before) {
+      r->commit_write_back = meta->last_queued();
     }
   } else {
     for (auto& abort : r->plan.aborts) abort();
@@ -526,7 +557,6 @@ void Chain::Finish(Request* r) {
     r->in_lock_list = false;
     GrantWaiters();
   }
-  if (r->owner == nullptr) retired_stats_ += r->stats;
 }
 
 absl::Status Chain::RunSync(Request* r) {

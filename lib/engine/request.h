@@ -88,6 +88,9 @@ struct Request {
   // held, before the request's own I/O: WriteBack(write_back_ticket).
   WriteBackFile* write_back_file = nullptr;
   uint64_t write_back_ticket = 0;
+  // The same, recorded while the request's commits ran: Chain::Finish
+  // writes it once it has let the lock go.
+  uint64_t commit_write_back = 0;
   absl::Status status;
   IoStats stats;
 
