@@ -7,6 +7,7 @@
 #include <functional>
 #include <future>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -353,6 +354,41 @@ TEST_F(FlushWriteBack, ALaterFlushWaitsForAnEarlierWriteBack) {
   ASSERT_OK(image->Close());
   CheckWithQemu(
       path_, {{0, kCluster}, {kCluster, kCluster}, {6 * kCluster, kCluster}});
+}
+
+// Group commit: flushes that come in while a flush writes its log wait,
+// and then one of them records a single log for all; the others only wait
+// for that log and flush the file. Four flushes, two logs.
+TEST_F(FlushWriteBack, FlushesThatWaitShareOneLog) {
+  std::atomic<int> waits{0}, logs{0};
+  internal::EventHook hook = [&](std::string_view event) {
+    if (event == "flush-wait") waits++;
+    if (event == "flush") logs++;
+  };
+  internal::SetEventHook(&hook);
+  ASSERT_NO_FATAL_FAILURE(StartFlush());  // its log held at a file flush
+  Image* image = image_.get();
+  std::vector<std::thread> flushers;
+  for (uint64_t c : {5, 6, 7}) {
+    flushers.emplace_back([image, c] {
+      ASSERT_OK(image->Write(c * kCluster, Fill(c * kCluster, kCluster)));
+      ASSERT_OK(image->Flush());
+    });
+  }
+  for (int i = 0; i < 3000 && waits.load() < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(waits.load(), 3) << "the later flushes did not wait";
+  ReleaseFlush();
+  for (std::thread& t : flushers) t.join();
+  internal::SetEventHook(nullptr);
+  EXPECT_EQ(logs.load(), 2) << "flushes that waited recorded one log each";
+  ASSERT_OK(image->Close());
+  CheckWithQemu(path_, {{0, kCluster},
+                        {kCluster, kCluster},
+                        {5 * kCluster, kCluster},
+                        {6 * kCluster, kCluster},
+                        {7 * kCluster, kCluster}});
 }
 
 // A discard that frees a cluster after an allocation must first write the

@@ -21,8 +21,9 @@
 //    whose copy-on-write was deferred (the rest of the metadata I/O
 //    still runs under the image's metadata lock: docs/architecture.md).
 //    Such write-backs and fills are blocking calls on the thread that
-//    polls the request's queue. A flush waits for another flush's fill
-//    in progress, never for a queue to be polled.
+//    polls the request's queue. A flush may wait for another flush's fill
+//    or metadata write-back in progress (flushes that wait share one
+//    write-back), never for a queue to be polled.
 //  - Requests whose guest ranges overlap (at cluster granularity) run one
 //    after the other, in the order they were submitted (across queues: the
 //    order the Submit calls reached the image). Each sees all or none of

@@ -3,6 +3,7 @@
 #ifndef QCOW2_LIB_CHAIN_CHAIN_H_
 #define QCOW2_LIB_CHAIN_CHAIN_H_
 
+#include <condition_variable>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -90,6 +91,14 @@ class Chain {
   // or abandons the fill, lets the clusters go, and plans the flush's
   // metadata write-back.
   void FinishFill(Request* r);
+  // A flush's metadata write-back, by its executor with no lock held
+  // (group commit): if a flush recorded the caches since this one was
+  // planned, its log covers this one, which only waits for that log to be
+  // written; else, once no other flush is writing its log, records one
+  // (Qcow2Layer::BeginFlush) and writes it. Flushes that come in while a
+  // log is written thus share the next one. The wait is for a thread
+  // writing a log, never for a queue to be polled.
+  void RecordFlush(Request* r);
 
   // Runs a request to the end on this thread with blocking I/O.
   absl::Status RunSync(Request* r);
@@ -151,6 +160,13 @@ class Chain {
   // The flush whose fill is in flight, and flushes waiting for it.
   Request* filling_ = nullptr;
   std::vector<Request*> fill_waiters_;
+  // Group commit (RecordFlush): flushes recorded so far, the last one's
+  // log and quarantine generation, and whether a flush is writing its log.
+  uint64_t flushes_recorded_ = 0;
+  uint64_t covering_ticket_ = 0;
+  uint64_t covering_generation_ = 0;
+  bool flush_recording_ = false;
+  std::condition_variable flush_recorded_cv_;
   // Runs `plan` for r with metadata misses deferred (MissDeferral) and,
   // on a miss, drops the partial plan and sets r->miss_*.
   void PlanDeferringMisses(Request* r, absl::FunctionRef<absl::Status()> plan);

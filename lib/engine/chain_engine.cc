@@ -9,6 +9,7 @@
 #include "lib/cache/metadata_cache.h"
 #include "lib/chain/chain.h"
 #include "lib/image/qcow2_layer.h"
+#include "lib/util/events.h"
 #include "lib/util/status_macros.h"
 
 namespace qcow2::internal {
@@ -281,14 +282,10 @@ void Chain::PlanLocked(Request* r) {
           PlanFill(r, top);
           if (!r->status.ok() || r->filling) break;
         }
-        absl::StatusOr<Qcow2Layer::FlushTicket> t = top->BeginFlush();
-        if (!t.ok()) {
-          r->status = t.status();
-          break;
-        }
-        r->flush_generation = t->generation;
-        r->write_back_file = top->meta_file();
-        r->write_back_ticket = t->write_back;
+        // The metadata write-back is recorded by the executor
+        // (RecordFlush): any flush recorded from now on covers this one.
+        r->record_flush = true;
+        r->flush_arrival = flushes_recorded_;
       }
       r->flush_file = layers_[0]->file();
       break;
@@ -493,6 +490,47 @@ void Chain::FinishFill(Request* r) {
   PlanLocked(r);  // the flush proper
 }
 
+void Chain::RecordFlush(Request* r) {
+  r->record_flush = false;
+  std::unique_lock<std::mutex> lock(mu_);
+  StatsScope scope(&r->stats);
+  Qcow2Layer* top = top_qcow2();
+  if (top == nullptr) return;
+  for (;;) {
+    if (flushes_recorded_ > r->flush_arrival) {
+      // Another flush recorded the caches after this one came in: its
+      // log holds every metadata change this one must make durable.
+      // Wait for that log to be written, then flush the file.
+      r->write_back_file = top->meta_file();
+      r->write_back_ticket = covering_ticket_;
+      r->flush_generation = covering_generation_;
+      return;
+    }
+    if (!flush_recording_) break;
+    // Another flush is writing its log: its successor records once, for
+    // every flush waiting meanwhile.
+    EmitEvent("flush-wait");
+    flush_recorded_cv_.wait(lock);
+  }
+  absl::StatusOr<Qcow2Layer::FlushTicket> t = top->BeginFlush();
+  if (!t.ok()) {
+    r->status = t.status();
+    return;
+  }
+  ++flushes_recorded_;
+  covering_ticket_ = t->write_back;
+  covering_generation_ = t->generation;
+  r->flush_generation = t->generation;
+  if (t->write_back == 0) return;  // nothing recorded (read-only, closed)
+  flush_recording_ = true;
+  WriteBackFile* meta = top->meta_file();
+  lock.unlock();
+  r->status = meta->WriteBack(t->write_back);
+  lock.lock();
+  flush_recording_ = false;
+  flush_recorded_cv_.notify_all();
+}
+
 void Chain::GrantWaiters() {
   for (Request* w : lock_list_) {
     if (w->lock_granted || !CanGrant(w)) continue;
@@ -582,6 +620,7 @@ absl::Status Chain::RunSync(Request* r) {
     if (r->status.ok()) r->status = RunPlanIo(r->plan, &r->stats);
     FinishFill(r);
   }
+  if (r->status.ok() && r->record_flush) RecordFlush(r);
   if (r->status.ok() && r->write_back_file != nullptr) {
     r->status = r->write_back_file->WriteBack(r->write_back_ticket);
   }

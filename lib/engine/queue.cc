@@ -234,6 +234,9 @@ class QueueImpl final : public Waiter, public Chain::StatsSource {
             if (r->status.ok()) r->status = RunPlanIo(r->plan, &r->stats);
             chain_->FinishFill(r);
           }
+          // A flush records (or finds recorded) its metadata write-back:
+          // blocking, as it may wait for another flush's log.
+          if (r->status.ok() && r->record_flush) chain_->RecordFlush(r);
           if (r->status.ok() && r->write_back_file != nullptr) {
             // Metadata writes recorded while it was planned (a flush's
             // write-back, evictions): blocking I/O on this thread, in

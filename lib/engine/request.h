@@ -80,6 +80,11 @@ struct Request {
   // calls Chain::FinishFill, which commits it and plans the flush proper.
   bool filling = false;
   bool filled = false;
+  // kFlush: the executor calls Chain::RecordFlush, which records the
+  // metadata write-back unless a flush recorded after `flush_arrival`
+  // (Chain::flushes_recorded_ when this one was planned) covers it.
+  bool record_flush = false;
+  uint64_t flush_arrival = 0;
   std::vector<std::unique_ptr<Request>> fill_locks;
   IoOp flush_op;
   uint64_t flush_generation = 0;
