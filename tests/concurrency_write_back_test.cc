@@ -230,6 +230,24 @@ std::vector<uint8_t> Fill(uint64_t seed, size_t len) {
   return v;
 }
 
+absl::StatusOr<std::unique_ptr<Image>> OpenReadWrite(const std::string& path,
+                                                     FileOpener* opener) {
+  OpenOptions oo;
+  oo.read_write = true;
+  oo.opener = opener;
+  return Image::Open(path, oo);
+}
+
+// Reads the cluster at `offset`: an error unless it holds Fill(offset).
+absl::Status ReadIsFill(Image* image, uint64_t offset) {
+  std::vector<uint8_t> buf(kCluster);
+  absl::Status s = image->Read(offset, absl::MakeSpan(buf));
+  if (s.ok() && buf != Fill(offset, kCluster)) {
+    s = absl::InternalError(absl::StrCat("read other bytes at ", offset));
+  }
+  return s;
+}
+
 // Creates a 64 MiB image with 64 KiB clusters and writes Fill(offset)
 // over the cluster at each of `offsets`.
 void CreateWritten(const std::string& path,
@@ -292,11 +310,7 @@ class FlushWriteBack : public ::testing::Test {
   // Reads cluster 1 back, then writes its first 4 KiB again, in place
   // (the same bytes): neither changes metadata.
   absl::Status ReadAndWriteInPlace() {
-    std::vector<uint8_t> buf(kCluster);
-    absl::Status s = image_->Read(kCluster, absl::MakeSpan(buf));
-    if (s.ok() && buf != Fill(kCluster, kCluster)) {
-      s = absl::InternalError("read other bytes");
-    }
+    absl::Status s = ReadIsFill(image_.get(), kCluster);
     if (s.ok()) s = image_->Write(kCluster, Fill(kCluster, 4096));
     return s;
   }
@@ -391,6 +405,35 @@ TEST_F(FlushWriteBack, FlushesThatWaitShareOneLog) {
                         {7 * kCluster, kCluster}});
 }
 
+// A flush hands the clusters it releases back to the file system with no
+// lock held, and they stay out of reach until then: while that discard is
+// held, other requests complete, and a new cluster written meanwhile is
+// not the one being discarded (its bytes would be punched out).
+TEST(ReleasedDiscard, RequestsGoOnWhileAFlushDiscardsFreedClusters) {
+  TempDir dir;
+  const std::string path = dir.File("img.qcow2");
+  ASSERT_NO_FATAL_FAILURE(CreateWritten(path, {0, kCluster}));
+  GateOpener opener({.discard = true});
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Image> image,
+                       OpenReadWrite(path, &opener));
+  GateFile* gate = opener.last();
+  ASSERT_OK(image->Discard(0, kCluster));  // its host cluster quarantined
+  gate->Arm();
+  std::thread flusher([&] { ASSERT_OK(image->Flush()); });
+  ASSERT_TRUE(gate->WaitBlocked());
+  ExpectGoesOnWhileHeld(
+      gate, flusher,
+      [&] {
+        absl::Status s = ReadIsFill(image.get(), kCluster);
+        const uint64_t fresh = 5 * kCluster;
+        if (s.ok()) s = image->Write(fresh, Fill(fresh, kCluster));
+        return s;
+      },
+      "a flush's discard of freed clusters");
+  ASSERT_OK(image->Close());
+  CheckWithQemu(path, {{kCluster, kCluster}, {5 * kCluster, kCluster}});
+}
+
 // A discard that frees a cluster after an allocation must first write the
 // L2 cache out (new entries and their refcounts before the freed
 // cluster's refcount can drop). It records that write-back while planned,
@@ -478,11 +521,7 @@ TEST(EvictionWriteBack, RequestsGoOnWhileAnEvictionIsWritten) {
       gate, evicting,
       [&] {
         // A read and an in-place write, in slices still cached.
-        std::vector<uint8_t> buf(kCluster);
-        absl::Status s = image->Read(kSlice, absl::MakeSpan(buf));
-        if (s.ok() && buf != Fill(kSlice, kCluster)) {
-          s = absl::InternalError("read other bytes");
-        }
+        absl::Status s = ReadIsFill(image.get(), kSlice);
         if (s.ok()) s = image->Write(2 * kSlice, Fill(7, kCluster));
         return s;
       },
@@ -507,10 +546,8 @@ TEST(RefcountMiss, RequestsGoOnWhileARefcountBlockIsRead) {
   // Refcount blocks are one cluster; nothing else here reads 64 KiB once
   // the L2 table is cached.
   GateOpener opener({.read_size = kCluster});
-  OpenOptions oo;
-  oo.read_write = true;
-  oo.opener = &opener;
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Image> image, Image::Open(path, oo));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Image> image,
+                       OpenReadWrite(path, &opener));
   GateFile* gate = opener.last();
   std::vector<uint8_t> buf(4096);
   ASSERT_OK(image->Read(0, absl::MakeSpan(buf)));  // the L2 table, cached

@@ -542,9 +542,11 @@ void Chain::GrantWaiters() {
 void Chain::Finish(Request* r) {
   WriteBackFile* meta = nullptr;
   uint64_t ticket = 0;
+  Qcow2Layer* top = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
     FinishLocked(r);
+    top = top_qcow2();
     // Metadata written out by the commits (a cache a new dependency
     // needed on disk first, an eviction) was recorded: written here, with
     // no lock held.
@@ -558,6 +560,17 @@ void Chain::Finish(Request* r) {
     absl::Status s = meta->WriteBack(ticket);
     // The log stays queued and the next flush writes it again.
     if (!s.ok() && r->status.ok()) r->status = std::move(s);
+  }
+  if (!r->released.empty() && top != nullptr) {
+    // Clusters a flush released: their bytes handed back to the file
+    // system with no lock held; reusable only after that.
+    {
+      StatsScope scope(&r->stats);
+      top->DiscardReleased(r->released);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    top->EndDiscard(r->released);
+    r->released.clear();
   }
   if (r->owner == nullptr) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -587,7 +600,9 @@ void Chain::FinishLocked(Request* r) {
     for (auto& abort : r->plan.aborts) abort();
   }
   if (r->kind == Request::kFlush && r->status.ok() && r->flush_file != nullptr) {
-    if (Qcow2Layer* top = top_qcow2()) top->FinishFlush(r->flush_generation);
+    if (Qcow2Layer* top = top_qcow2()) {
+      top->FinishFlush(r->flush_generation, &r->released);
+    }
   }
   r->pinned.clear();
   if (r->in_lock_list) {

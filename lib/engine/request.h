@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -88,6 +89,9 @@ struct Request {
   std::vector<std::unique_ptr<Request>> fill_locks;
   IoOp flush_op;
   uint64_t flush_generation = 0;
+  // Host clusters the flush released: Chain::Finish discards them with no
+  // lock held, then makes them reusable.
+  std::vector<std::pair<uint64_t, uint64_t>> released;
   // Metadata writes recorded while the request was planned (a flush's
   // write-back, evictions) and carried out by its executor, with no lock
   // held, before the request's own I/O: WriteBack(write_back_ticket).

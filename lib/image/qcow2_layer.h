@@ -156,13 +156,20 @@ class Qcow2Layer : public Layer {
   //  - the caller, with no lock held, calls meta_file()->WriteBack(ticket),
   //    then flushes file();
   //  - FinishFlush(generation), under the lock again, releases the clusters
-  //    freed before BeginFlush.
+  //    freed before BeginFlush. With `to_discard`, their discard is left
+  //    to the caller: DiscardReleased(*to_discard) with no lock held, then
+  //    EndDiscard(*to_discard) under it, which makes them reusable.
   struct FlushTicket {
     uint64_t generation = 0;
     uint64_t write_back = 0;
   };
   absl::StatusOr<FlushTicket> BeginFlush();
-  void FinishFlush(uint64_t generation);
+  void FinishFlush(
+      uint64_t generation,
+      std::vector<std::pair<uint64_t, uint64_t>>* to_discard = nullptr);
+  void DiscardReleased(
+      const std::vector<std::pair<uint64_t, uint64_t>>& ranges);
+  void EndDiscard(const std::vector<std::pair<uint64_t, uint64_t>>& ranges);
   // Every metadata write goes through this file (see BeginFlush).
   WriteBackFile* meta_file() { return meta_.get(); }
   absl::Status Close() override;

@@ -301,8 +301,28 @@ absl::StatusOr<Qcow2Layer::FlushTicket> Qcow2Layer::BeginFlush() {
   return ticket;
 }
 
-void Qcow2Layer::FinishFlush(uint64_t generation) {
-  if (writable_ && !closed_) refcounts_->ReleaseQuarantine(generation);
+void Qcow2Layer::FinishFlush(
+    uint64_t generation,
+    std::vector<std::pair<uint64_t, uint64_t>>* to_discard) {
+  if (writable_ && !closed_) {
+    refcounts_->ReleaseQuarantine(generation, to_discard);
+  }
+}
+
+void Qcow2Layer::DiscardReleased(
+    const std::vector<std::pair<uint64_t, uint64_t>>& ranges) {
+  const uint32_t bits = map_->geometry().cluster_bits;
+  for (const auto& [start, end] : ranges) {
+    // Advisory: the clusters hold nothing anyone refers to.
+    file_->Discard(start << bits, (end - start) << bits).IgnoreError();
+    CountMetadata(&IoStats::host_discard_ops, 1);
+    CountMetadata(&IoStats::host_discard_bytes, (end - start) << bits);
+  }
+}
+
+void Qcow2Layer::EndDiscard(
+    const std::vector<std::pair<uint64_t, uint64_t>>& ranges) {
+  if (writable_ && !closed_) refcounts_->EndDiscard(ranges);
 }
 
 absl::Status Qcow2Layer::Flush() {

@@ -405,10 +405,19 @@ uint64_t Refcounts::SealQuarantine() {
   return generation_;
 }
 
-void Refcounts::ReleaseQuarantine(uint64_t generation) {
+void Refcounts::ReleaseQuarantine(
+    uint64_t generation,
+    std::vector<std::pair<uint64_t, uint64_t>>* to_discard) {
   size_t kept = 0;
-  for (const Sealed& q : pending_release_) {
+  for (Sealed& q : pending_release_) {
     if (q.generation > generation) {
+      pending_release_[kept++] = q;
+      continue;
+    }
+    if (to_discard != nullptr) {
+      // Kept out of reach (Quarantined) until the caller has discarded it.
+      to_discard->push_back({q.start, q.end});
+      q.generation = kDiscarding;
       pending_release_[kept++] = q;
       continue;
     }
@@ -422,6 +431,16 @@ void Refcounts::ReleaseQuarantine(uint64_t generation) {
                   (q.end - q.start) << cluster_bits_);
   }
   pending_release_.resize(kept);
+}
+
+void Refcounts::EndDiscard(
+    const std::vector<std::pair<uint64_t, uint64_t>>& ranges) {
+  for (const auto& [start, end] : ranges) {
+    std::erase_if(pending_release_, [&](const Sealed& q) {
+      return q.generation == kDiscarding && q.start == start && q.end == end;
+    });
+    free_hint_ = std::min(free_hint_, start);
+  }
 }
 
 }  // namespace qcow2::internal

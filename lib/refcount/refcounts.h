@@ -91,7 +91,14 @@ class Refcounts {
   // SealQuarantine(): clusters of generations up to `generation` become
   // reusable and their bytes are discarded. Flushes may overlap: a file
   // flush covers every generation sealed before it started.
-  void ReleaseQuarantine(uint64_t generation);
+  //
+  // With `to_discard`, the discard is left to the caller, to do without
+  // the owner's lock: the ranges ([start, end) clusters) are appended to
+  // it and stay unusable until EndDiscard(*to_discard).
+  void ReleaseQuarantine(
+      uint64_t generation,
+      std::vector<std::pair<uint64_t, uint64_t>>* to_discard = nullptr);
+  void EndDiscard(const std::vector<std::pair<uint64_t, uint64_t>>& ranges);
   // Seals and releases everything (single-threaded flush).
   void ReleaseQuarantine() { ReleaseQuarantine(SealQuarantine()); }
 
@@ -165,6 +172,8 @@ class Refcounts {
     uint64_t start, end;
   };
   std::vector<Sealed> pending_release_;
+  // The generation of released ranges the owner is discarding.
+  static constexpr uint64_t kDiscarding = ~uint64_t{0};
   uint64_t generation_ = 0;
 };
 

@@ -16,10 +16,11 @@
 namespace qcow2::testing {
 
 // Which operations the gate holds: reads of exactly `read_size` bytes (0:
-// none), and/or flushes.
+// none), flushes, discards.
 struct GateSpec {
   size_t read_size = 0;
   bool flush = false;
+  bool discard = false;
 };
 
 // Once armed, the first matching operation waits for Release(); every
@@ -47,6 +48,10 @@ class GateFile : public File {
   }
   absl::Status Extend(uint64_t old_size, uint64_t new_size) override {
     return inner_->Extend(old_size, new_size);
+  }
+  absl::Status Discard(uint64_t offset, uint64_t len) override {
+    if (spec_.discard) Hold();
+    return inner_->Discard(offset, len);
   }
   const std::string& name() const override { return inner_->name(); }
 
