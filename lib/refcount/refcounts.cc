@@ -435,11 +435,12 @@ void Refcounts::ReleaseQuarantine(
 
 void Refcounts::EndDiscard(
     const std::vector<std::pair<uint64_t, uint64_t>>& ranges) {
-  for (const auto& [start, end] : ranges) {
-    std::erase_if(pending_release_, [&](const Sealed& q) {
-      return q.generation == kDiscarding && q.start == start && q.end == end;
+  for (const std::pair<uint64_t, uint64_t>& range : ranges) {
+    std::erase_if(pending_release_, [&range](const Sealed& q) {
+      return q.generation == kDiscarding && q.start == range.first &&
+             q.end == range.second;
     });
-    free_hint_ = std::min(free_hint_, start);
+    free_hint_ = std::min(free_hint_, range.first);
   }
 }
 
