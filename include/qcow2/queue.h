@@ -17,13 +17,15 @@
 //    parallel, allocating or not; no lock is held while data moves, while
 //    an L2 table slice or the refcount block a new cluster needs comes off
 //    the disk, nor while a flush, or a request that evicted dirty metadata
-//    from a cache, writes metadata back, nor while a flush fills clusters
-//    whose copy-on-write was deferred (the rest of the metadata I/O
-//    still runs under the image's metadata lock: docs/architecture.md).
-//    Such write-backs and fills are blocking calls on the thread that
-//    polls the request's queue. A flush may wait for another flush's fill
-//    or metadata write-back in progress (flushes that wait share one
-//    write-back), never for a queue to be polled.
+//    from a cache or had a cache written out (a discard, a commit), writes
+//    metadata back, nor while a flush fills clusters whose copy-on-write
+//    was deferred or discards the clusters it freed (the rest of the
+//    metadata I/O still runs under the image's metadata lock:
+//    docs/architecture.md). Such write-backs, fills and discards are
+//    blocking calls on the thread that polls the request's queue. A
+//    flush may wait for another flush's fill or metadata write-back in
+//    progress (flushes that wait share one write-back), never for a queue
+//    to be polled.
 //  - Requests whose guest ranges overlap (at cluster granularity) run one
 //    after the other, in the order they were submitted (across queues: the
 //    order the Submit calls reached the image). Each sees all or none of
