@@ -37,16 +37,25 @@ class SyncWaiter : public Waiter {
 };
 
 // While a request is planned: evictions are recorded
-// (WriteBackFile::DeferEvictions), and the request is handed the ticket of
-// whatever was recorded, for its executor to write before its own I/O.
+// (WriteBackFile::DeferEvictions), and `*ticket` is set to the ticket of
+// whatever was recorded, if anything: for the request's executor to write
+// before its own I/O (Request::write_back_ticket, and then `*file` is set
+// too), or for Finish to write once the lock is let go.
 class EvictionScope {
  public:
+  EvictionScope(WriteBackFile* meta, uint64_t* ticket,
+                WriteBackFile** file = nullptr)
+      : meta_(meta),
+        ticket_(ticket),
+        file_(file),
+        before_(meta ? meta->last_queued() : 0) {}
+  // Planning: the request's executor writes the log.
   EvictionScope(WriteBackFile* meta, Request* r)
-      : meta_(meta), r_(r), before_(meta ? meta->last_queued() : 0) {}
+      : EvictionScope(meta, &r->write_back_ticket, &r->write_back_file) {}
   ~EvictionScope() {
     if (meta_ != nullptr && meta_->last_queued() != before_) {
-      r_->write_back_file = meta_;
-      r_->write_back_ticket = meta_->last_queued();
+      *ticket_ = meta_->last_queued();
+      if (file_ != nullptr) *file_ = meta_;
     }
   }
   EvictionScope(const EvictionScope&) = delete;
@@ -55,7 +64,8 @@ class EvictionScope {
  private:
   WriteBackFile::DeferEvictions defer_;
   WriteBackFile* const meta_;
-  Request* const r_;
+  uint64_t* const ticket_;
+  WriteBackFile** const file_;
   const uint64_t before_;
 };
 
@@ -81,12 +91,6 @@ absl::Status Chain::Validate(const Request& r) const {
 
 bool Chain::Conflicts(const Request* a, const Request* b) const {
   if (a->lock_shared && b->lock_shared) return false;
-  // A flush's hold on clusters it fills keeps writes off them, not reads:
-  // they read what the pending cluster maps, as before the fill.
-  if ((a->kind == Request::kFlush && b->kind == Request::kRead) ||
-      (b->kind == Request::kFlush && a->kind == Request::kRead)) {
-    return false;
-  }
   return a->lock_first <= b->lock_last && b->lock_first <= a->lock_last;
 }
 
@@ -393,10 +397,8 @@ void Chain::PlanFill(Request* r, Qcow2Layer* top) {
   const uint64_t per_cluster = uint64_t{1} << (cbits - ubits);
   absl::Status s;
   for (uint64_t cluster : top->PendingClusters()) {
-    Request probe;  // the cluster, as a writer would hold it
-    probe.kind = Request::kWrite;
-    probe.lock_first = cluster * per_cluster;
-    probe.lock_last = probe.lock_first + per_cluster - 1;
+    const uint64_t first = cluster * per_cluster;
+    const uint64_t last = first + per_cluster - 1;
     // A request granted the whole cluster (a write, write-zeroes or
     // discard, perhaps still planning after a deferred miss) may settle
     // the cluster itself when it plans: fill it now, under the lock, as
@@ -405,7 +407,8 @@ void Chain::PlanFill(Request* r, Qcow2Layer* top) {
     bool held_whole = false;
     for (const Request* other : lock_list_) {
       if (other->lock_granted && !other->lock_fine &&
-          other->kind != Request::kFlush && Conflicts(other, &probe)) {
+          other->kind != Request::kFlush && other->lock_first <= last &&
+          first <= other->lock_last) {
         held_whole = true;
         break;
       }
@@ -422,15 +425,18 @@ void Chain::PlanFill(Request* r, Qcow2Layer* top) {
     // Held from now on: later requests on the cluster wait for the fill.
     // Adjacent clusters share one hold.
     if (!r->fill_locks.empty() &&
-        r->fill_locks.back()->lock_last + 1 == probe.lock_first) {
-      r->fill_locks.back()->lock_last = probe.lock_last;
+        r->fill_locks.back()->lock_last + 1 == first) {
+      r->fill_locks.back()->lock_last = last;
       continue;
     }
     auto hold = std::make_unique<Request>();
     hold->kind = Request::kFlush;
-    hold->lock_first = probe.lock_first;
-    hold->lock_last = probe.lock_last;
+    hold->lock_first = first;
+    hold->lock_last = last;
     hold->lock_granted = true;  // never waits (see chain.h)
+    // Shared, as a read's: it keeps writes off the cluster, not reads,
+    // which read what the pending cluster maps until the fill commits.
+    hold->lock_shared = true;
     hold->in_lock_list = true;
     lock_list_.push_back(hold.get());
     r->fill_locks.push_back(std::move(hold));
@@ -581,9 +587,7 @@ void Chain::Finish(Request* r) {
 void Chain::FinishLocked(Request* r) {
   StatsScope scope(&r->stats);
   if (r->status.ok()) {
-    WriteBackFile* meta = TopWriteBack();
-    const uint64_t before = meta != nullptr ? meta->last_queued() : 0;
-    WriteBackFile::DeferEvictions defer;
+    EvictionScope evictions(TopWriteBack(), &r->commit_write_back);
     for (auto& commit : r->plan.commits) {
       absl::Status s = commit();
       if (!s.ok()) {
@@ -592,9 +596,6 @@ void Chain::FinishLocked(Request* r) {
         r->status = top != nullptr ? top->Fail(std::move(s)) : s;
         break;
       }
-    }
-    if (meta != nullptr && meta->last_queued() != before) {
-      r->commit_write_back = meta->last_queued();
     }
   } else {
     for (auto& abort : r->plan.aborts) abort();
