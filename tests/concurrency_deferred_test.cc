@@ -81,9 +81,8 @@ void ExpectReads(Image* image, const std::vector<uint8_t>& model,
 // qemu-img check finds the image clean and reads `model` from it.
 void ExpectQemuSees(const std::string& path,
                     const std::vector<uint8_t>& model) {
-  testing::CommandResult check = testing::QemuCheck(path);
-  EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
-  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> qemu, testing::QemuReadAll(path));
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> qemu,
+                       testing::QemuCheckedReadAll(path));
   ASSERT_EQ(testing::DescribeMismatch(model, qemu), "");
 }
 
@@ -379,9 +378,6 @@ TEST_F(DeferredCowTest, FlushFillsPendingClustersWithoutTheLock) {
   ASSERT_NE(base_file, nullptr);
   Image* image = image_.get();
   const IoStats before = image->GetStats();
-  base_file->Arm();
-  std::thread flusher([&] { ASSERT_OK(image->Flush()); });
-  ASSERT_TRUE(base_file->WaitBlocked());
   // Into a unit the fill copies from the backing file.
   const std::vector<uint8_t> into = Pattern(c + 5 * 4096, 4096, 31);
   std::thread writer;
@@ -389,8 +385,8 @@ TEST_F(DeferredCowTest, FlushFillsPendingClustersWithoutTheLock) {
   const std::vector<uint8_t> in_place = Pattern(c - 8192, 4096, 33);
   Put(&model_, 9 * kCluster, whole);
   Put(&model_, c - 8192, in_place);
-  testing::ExpectGoesOnWhileHeld(
-      base_file, flusher,
+  testing::HoldAndExpectGoesOn(
+      base_file, [&] { ASSERT_OK(image->Flush()); },
       [&] {
         // A read across the pending cluster, a new cluster written whole,
         // and a write in place.
@@ -450,13 +446,9 @@ TEST_F(DeferredCowTest, PartialWriteZeroesCopyWithoutTheLock) {
   Image* image = image_.get();
   testing::GateFile* base_file = opener.last();
   const uint64_t c = 5 * kCluster;
-  base_file->Arm();
-  std::thread zeroing(
-      [&] { ASSERT_OK(image->WriteZeroes(c + 4096, 4096, false)); });
-  ASSERT_TRUE(base_file->WaitBlocked());
   const std::vector<uint8_t> whole = Pattern(9 * kCluster, kCluster, 60);
-  testing::ExpectGoesOnWhileHeld(
-      base_file, zeroing,
+  testing::HoldAndExpectGoesOn(
+      base_file, [&] { ASSERT_OK(image->WriteZeroes(c + 4096, 4096, false)); },
       [&] {
         absl::Status s = ReadMatches(c - 8192, 8192);
         if (s.ok()) s = image->Write(9 * kCluster, whole);

@@ -272,16 +272,12 @@ TEST_F(SliceMiss, ALongReadReadsItsSecondSliceWithoutTheLock) {
   Image* image = image_.get();
   testing::GateFile* gate = gate_;
   std::vector<uint8_t> buf(1000);
-  gate->Arm();
   const uint64_t across = (4 << 20) - 65536;  // the last cluster of slice 0
   std::vector<uint8_t> long_buf(2 * 65536);
-  std::thread blocked(
-      [&] { ASSERT_OK(image->Read(across, absl::MakeSpan(long_buf))); });
-  ASSERT_TRUE(gate->WaitBlocked());
   std::vector<uint8_t> b(1000);
   testing::FillPseudoRandom(7, absl::MakeSpan(b));
-  testing::ExpectGoesOnWhileHeld(
-      gate, blocked,
+  testing::HoldAndExpectGoesOn(
+      gate, [&] { ASSERT_OK(image->Read(across, absl::MakeSpan(long_buf))); },
       [&] {
         std::vector<uint8_t> r(1000);
         absl::Status s = image->Read(5000, absl::MakeSpan(r));
@@ -332,14 +328,11 @@ TEST(MissDeferral, CopyOnWriteSourceTableIsReadWithoutTheLock) {
   std::vector<uint8_t> small(4096);
   testing::FillPseudoRandom(11, absl::MakeSpan(small));
   ASSERT_OK(image->Write(4096, small));  // cluster 0 ours, slices cached
-  base_gate->Arm();
   const uint64_t far = (40 << 20) + 4096;  // base slice 10, not cached
-  std::thread blocked([&] { ASSERT_OK(image->Write(far, small)); });
-  ASSERT_TRUE(base_gate->WaitBlocked());
   std::vector<uint8_t> in_place(4096);
   testing::FillPseudoRandom(12, absl::MakeSpan(in_place));
-  testing::ExpectGoesOnWhileHeld(
-      base_gate, blocked,
+  testing::HoldAndExpectGoesOn(
+      base_gate, [&] { ASSERT_OK(image->Write(far, small)); },
       [&] {
         std::vector<uint8_t> r(4096);
         absl::Status s = image->Read(4096, absl::MakeSpan(r));
@@ -350,9 +343,8 @@ TEST(MissDeferral, CopyOnWriteSourceTableIsReadWithoutTheLock) {
       "another write's copy-on-write source table");
   ASSERT_OK(image->Close());
   if (!testing::HaveQemu()) return;
-  testing::CommandResult check = testing::QemuCheck(top);
-  EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
-  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> all, testing::QemuReadAll(top));
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> all,
+                       testing::QemuCheckedReadAll(top));
   std::vector<uint8_t> want = Pattern(1 << 20, 0, 65536);
   std::copy(small.begin(), small.end(), want.begin() + 4096);
   std::copy(in_place.begin(), in_place.end(), want.begin() + 8192);

@@ -31,6 +31,7 @@ using internal::MemoryStore;
 using internal::WriteBackFile;
 using ::testing::ElementsAre;
 using testing::ExpectGoesOnWhileHeld;
+using testing::HoldAndExpectGoesOn;
 using testing::GateFile;
 using testing::GateOpener;
 using testing::TempDir;
@@ -268,9 +269,8 @@ void CreateWritten(const std::string& path,
 void CheckWithQemu(const std::string& path,
                    const std::vector<std::pair<uint64_t, uint64_t>>& written) {
   if (!testing::HaveQemu()) return;
-  testing::CommandResult check = testing::QemuCheck(path);
-  EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
-  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> all, testing::QemuReadAll(path));
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> all,
+                       testing::QemuCheckedReadAll(path));
   for (const auto& [offset, len] : written) {
     const std::vector<uint8_t> want = Fill(offset, len);
     EXPECT_TRUE(std::equal(want.begin(), want.end(), all.begin() + offset))
@@ -418,11 +418,8 @@ TEST(ReleasedDiscard, RequestsGoOnWhileAFlushDiscardsFreedClusters) {
                        OpenReadWrite(path, &opener));
   GateFile* gate = opener.last();
   ASSERT_OK(image->Discard(0, kCluster));  // its host cluster quarantined
-  gate->Arm();
-  std::thread flusher([&] { ASSERT_OK(image->Flush()); });
-  ASSERT_TRUE(gate->WaitBlocked());
-  ExpectGoesOnWhileHeld(
-      gate, flusher,
+  HoldAndExpectGoesOn(
+      gate, [&] { ASSERT_OK(image->Flush()); },
       [&] {
         absl::Status s = ReadIsFill(image.get(), kCluster);
         const uint64_t fresh = 5 * kCluster;
@@ -440,12 +437,9 @@ TEST(ReleasedDiscard, RequestsGoOnWhileAFlushDiscardsFreedClusters) {
 // and its executor writes it with no lock held: while it is held at its
 // file flush, a read and an in-place write complete.
 TEST_F(FlushWriteBack, RequestsGoOnWhileADiscardWritesTheCacheItNeedsFirst) {
-  gate_->Arm();
   Image* image = image_.get();
-  std::thread discarding([&] { ASSERT_OK(image->Discard(0, kCluster)); });
-  ASSERT_TRUE(gate_->WaitBlocked());
-  ExpectGoesOnWhileHeld(
-      gate_, discarding,
+  HoldAndExpectGoesOn(
+      gate_, [&] { ASSERT_OK(image->Discard(0, kCluster)); },
       [&] { return ReadAndWriteInPlace(); },
       "a discard's metadata write-back");
   ASSERT_OK(image->Close());
@@ -466,13 +460,11 @@ TEST_F(FlushWriteBack, RequestsGoOnWhileADiscardWritesTheCacheItNeedsFirst) {
 TEST_F(FlushWriteBack, RequestsGoOnWhileACommitWritesTheCacheItNeedsFirst) {
   Image* image = image_.get();
   ASSERT_OK(image->Discard(0, kCluster));
-  gate_->Arm();
-  std::thread allocating([&] {
-    ASSERT_OK(image->Write(5 * kCluster, Fill(5 * kCluster, kCluster)));
-  });
-  ASSERT_TRUE(gate_->WaitBlocked());
-  ExpectGoesOnWhileHeld(
-      gate_, allocating,
+  HoldAndExpectGoesOn(
+      gate_,
+      [&] {
+        ASSERT_OK(image->Write(5 * kCluster, Fill(5 * kCluster, kCluster)));
+      },
       [&] { return ReadAndWriteInPlace(); },
       "a commit's metadata write-back");
   ASSERT_OK(image->Close());
@@ -510,15 +502,13 @@ TEST(EvictionWriteBack, RequestsGoOnWhileAnEvictionIsWritten) {
     ASSERT_OK(image->Write(at, Fill(at, kCluster)));
     written.push_back({at, kCluster});
   }
-  gate->Arm();
   // Slice 5 is not cached: room is made for it by evicting.
-  std::thread evicting([&] {
-    const uint64_t at = 5 * kSlice + kCluster;
-    ASSERT_OK(image->Write(at, Fill(at, kCluster)));
-  });
-  ASSERT_TRUE(gate->WaitBlocked());
-  ExpectGoesOnWhileHeld(
-      gate, evicting,
+  const uint64_t evicting_at = 5 * kSlice + kCluster;
+  HoldAndExpectGoesOn(
+      gate,
+      [&] {
+        ASSERT_OK(image->Write(evicting_at, Fill(evicting_at, kCluster)));
+      },
       [&] {
         // A read and an in-place write, in slices still cached.
         absl::Status s = ReadIsFill(image.get(), kSlice);
@@ -551,13 +541,11 @@ TEST(RefcountMiss, RequestsGoOnWhileARefcountBlockIsRead) {
   GateFile* gate = opener.last();
   std::vector<uint8_t> buf(4096);
   ASSERT_OK(image->Read(0, absl::MakeSpan(buf)));  // the L2 table, cached
-  gate->Arm();
-  std::thread allocating([&] {
-    ASSERT_OK(image->Write(3 * kCluster, Fill(3 * kCluster, kCluster / 2)));
-  });
-  ASSERT_TRUE(gate->WaitBlocked());
-  ExpectGoesOnWhileHeld(
-      gate, allocating,
+  HoldAndExpectGoesOn(
+      gate,
+      [&] {
+        ASSERT_OK(image->Write(3 * kCluster, Fill(3 * kCluster, kCluster / 2)));
+      },
       [&] {
         std::vector<uint8_t> b(4096);
         absl::Status s = image->Read(8192, absl::MakeSpan(b));
@@ -572,9 +560,8 @@ TEST(RefcountMiss, RequestsGoOnWhileARefcountBlockIsRead) {
       "another's refcount read");
   ASSERT_OK(image->Close());
   if (!testing::HaveQemu()) return;
-  testing::CommandResult check = testing::QemuCheck(path);
-  EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
-  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> all, testing::QemuReadAll(path));
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> all,
+                       testing::QemuCheckedReadAll(path));
   std::vector<uint8_t> want = Fill(0, kCluster);
   std::fill(want.begin() + 4096, want.begin() + 8192, 0x5a);
   EXPECT_TRUE(std::equal(want.begin(), want.end(), all.begin()));

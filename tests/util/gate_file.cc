@@ -61,4 +61,18 @@ void ExpectGoesOnWhileHeld(GateFile* gate, std::thread& held,
   EXPECT_TRUE(s.ok()) << s;
 }
 
+void HoldAndExpectGoesOn(GateFile* gate, std::function<void()> held,
+                         std::function<absl::Status()> others,
+                         const char* what) {
+  gate->Arm();
+  std::thread t(std::move(held));
+  if (!gate->WaitBlocked()) {
+    ADD_FAILURE() << "nothing was held at the gate before " << what;
+    gate->Release();
+    t.join();
+    return;
+  }
+  ExpectGoesOnWhileHeld(gate, t, std::move(others), what);
+}
+
 }  // namespace qcow2::testing

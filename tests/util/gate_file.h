@@ -93,6 +93,12 @@ class GateOpener : public FileOpener {
 void ExpectGoesOnWhileHeld(GateFile* gate, std::thread& held,
                            std::function<absl::Status()> others,
                            const char* what);
+// The whole pattern: arms `gate`, runs `held` on a thread of its own until
+// an operation of it is held there (a failure if none is within 30 s),
+// then ExpectGoesOnWhileHeld.
+void HoldAndExpectGoesOn(GateFile* gate, std::function<void()> held,
+                         std::function<absl::Status()> others,
+                         const char* what);
 
 }  // namespace qcow2::testing
 

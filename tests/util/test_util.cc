@@ -112,6 +112,17 @@ absl::Status WriteFileBytes(const std::string& path,
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<uint8_t>> QemuCheckedReadAll(
+    const std::string& image) {
+  CommandResult check = QemuCheck(image);
+  if (check.exit_code != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("qemu-img check ", image, " exited ", check.exit_code,
+                     ": ", check.out, check.err));
+  }
+  return QemuReadAll(image);
+}
+
 absl::StatusOr<std::vector<uint8_t>> QemuReadAll(const std::string& image) {
   std::string raw = image + ".oracle.raw";
   CommandResult r = Run({"qemu-img", "convert", "-O", "raw", image, raw});

@@ -82,6 +82,11 @@ absl::StatusOr<std::vector<uint8_t>> QemuReadAll(const std::string& image);
 // 2 corruptions, 3 leaks) with the output.
 CommandResult QemuCheck(const std::string& image);
 
+// QemuReadAll, once `qemu-img check` has found `image` clean: an error
+// carrying check's output otherwise.
+absl::StatusOr<std::vector<uint8_t>> QemuCheckedReadAll(
+    const std::string& image);
+
 // Path of the qcowtool binary under test.
 std::string QcowtoolPath();
 
