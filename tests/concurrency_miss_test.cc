@@ -4,6 +4,7 @@
 // a read does not hold up other requests on the same image.
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <future>
 #include <thread>
 
@@ -169,13 +170,26 @@ TEST(MissDeferralCache, ReadAheadBringsInTheWholeUnit) {
   EXPECT_EQ(d2.read_len, 512u);
 }
 
-// Creates a qcow2 image of `disk` bytes with 64 KiB clusters, written all
-// over in 1 MiB pieces (Pattern(1 MiB, ...)), and returns it open
-// read-write.
-std::unique_ptr<Image> CreateFilled(const std::string& path, uint64_t disk) {
+// Requests whose metadata is cached: a read at 5000, and the write of `b`
+// (1000 bytes) at 3000, in place.
+std::function<absl::Status()> ReadAndWriteCached(
+    Image* image, const std::vector<uint8_t>& b) {
+  return [image, &b] {
+    std::vector<uint8_t> r(1000);
+    absl::Status s = image->Read(5000, absl::MakeSpan(r));
+    if (s.ok()) s = image->Write(3000, b);
+    return s;
+  };
+}
+
+// Creates a qcow2 image of `disk` bytes with `cluster`-byte clusters,
+// written all over in 1 MiB pieces (Pattern(1 MiB, ...)), and returns it
+// open read-write.
+std::unique_ptr<Image> CreateFilled(const std::string& path, uint64_t disk,
+                                    uint32_t cluster = 65536) {
   CreateOptions co;
   co.size = disk;
-  co.cluster_size = 65536;
+  co.cluster_size = cluster;
   EXPECT_OK(CreateImage(path, co));
   OpenOptions oo;
   oo.read_write = true;
@@ -278,12 +292,7 @@ TEST_F(SliceMiss, ALongReadReadsItsSecondSliceWithoutTheLock) {
   testing::FillPseudoRandom(7, absl::MakeSpan(b));
   testing::HoldAndExpectGoesOn(
       gate, [&] { ASSERT_OK(image->Read(across, absl::MakeSpan(long_buf))); },
-      [&] {
-        std::vector<uint8_t> r(1000);
-        absl::Status s = image->Read(5000, absl::MakeSpan(r));
-        if (s.ok()) s = image->Write(3000, b);
-        return s;
-      },
+      ReadAndWriteCached(image, b),
       "another read's second L2 slice");
   std::vector<uint8_t> want = Pattern(1 << 20, across, 65536);
   const std::vector<uint8_t> second = Pattern(1 << 20, 4 << 20, 65536);
@@ -296,6 +305,100 @@ TEST_F(SliceMiss, ALongReadReadsItsSecondSliceWithoutTheLock) {
     testing::CommandResult check = testing::QemuCheck(path_);
     EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
   }
+}
+
+// A write across two L2 slices, the first cached, reads the second before
+// it plans anything, with no lock held: requests elsewhere complete
+// meanwhile. Before, the plan already held the in-place write into the
+// first cluster when the second slice missed, and it was read under the
+// lock.
+TEST_F(SliceMiss, ALongWriteReadsItsSecondSliceWithoutTheLock) {
+  Image* image = image_.get();
+  const uint64_t across = (4 << 20) - 65536;  // the last cluster of slice 0
+  std::vector<uint8_t> data(2 * 65536);
+  testing::FillPseudoRandom(21, absl::MakeSpan(data));
+  std::vector<uint8_t> b(1000);
+  testing::FillPseudoRandom(7, absl::MakeSpan(b));
+  testing::HoldAndExpectGoesOn(
+      gate_, [&] { ASSERT_OK(image->Write(across, data)); },
+      ReadAndWriteCached(image, b),
+      "another write's second L2 slice");
+  ASSERT_OK(image->Close());
+  if (!testing::HaveQemu()) return;
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> all,
+                       testing::QemuCheckedReadAll(path_));
+  EXPECT_TRUE(std::equal(data.begin(), data.end(), all.begin() + across));
+  EXPECT_TRUE(std::equal(b.begin(), b.end(), all.begin() + 3000));
+}
+
+// A discard reads the L2 slice it changes before it changes anything,
+// with no lock held: requests elsewhere complete meanwhile. Before,
+// write-zeroes and discard read their tables under the lock.
+TEST_F(SliceMiss, ADiscardReadsItsL2SliceWithoutTheLock) {
+  Image* image = image_.get();
+  const uint64_t far = 40 << 20;  // slice 10, not cached
+  std::vector<uint8_t> b(1000);
+  testing::FillPseudoRandom(7, absl::MakeSpan(b));
+  testing::HoldAndExpectGoesOn(
+      gate_, [&] { ASSERT_OK(image->Discard(far, 65536)); },
+      ReadAndWriteCached(image, b),
+      "a discard's L2 slice");
+  std::vector<uint8_t> r(65536);
+  ASSERT_OK(image->Read(far, absl::MakeSpan(r)));
+  EXPECT_EQ(r, std::vector<uint8_t>(65536, 0));
+  const IoStats st = image->GetStats();
+  EXPECT_EQ(st.guest_discard_ops, 1u);  // counted once, however planned
+  ASSERT_OK(image->Close());
+  if (!testing::HaveQemu()) return;
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> all,
+                       testing::QemuCheckedReadAll(path_));
+  EXPECT_TRUE(std::all_of(all.begin() + far, all.begin() + far + 65536,
+                          [](uint8_t c) { return c == 0; }));
+  EXPECT_TRUE(std::equal(b.begin(), b.end(), all.begin() + 3000));
+}
+
+// A discard that frees a host cluster reads the refcount block of that
+// cluster before it changes anything, with no lock held: requests
+// elsewhere complete meanwhile. Before, the free read it under the lock.
+TEST(MissDeferral, AFreedClustersRefcountBlockIsReadWithoutTheLock) {
+  TempDir dir;
+  const std::string path = dir.File("img.qcow2");
+  {
+    // 4 KiB clusters: a refcount block (16-bit) covers 8 MiB of the file.
+    std::unique_ptr<Image> image = CreateFilled(path, 32 << 20, 4096);
+    ASSERT_NE(image, nullptr);
+    ASSERT_OK(image->Close());
+  }
+  // Gated: 4 KiB reads (refcount blocks; L2 slices are 512 bytes, read
+  // one at a time from a cache too small to read ahead, and no guest read
+  // here is 4 KiB). The refcount cache holds four blocks.
+  testing::GateOpener opener({.read_size = 4096});
+  OpenOptions oo;
+  oo.read_write = true;
+  oo.l2_slice_bytes = 512;
+  oo.l2_cache_bytes = 8192;
+  oo.refcount_cache_bytes = 4 * 4096;
+  oo.opener = &opener;
+  ASSERT_OK_AND_ASSIGN(auto image, Image::Open(path, oo));
+  const IoStats before = image->GetStats();
+  std::vector<uint8_t> b(1000);
+  testing::FillPseudoRandom(7, absl::MakeSpan(b));
+  ASSERT_OK(image->Write(3000, b));  // in place: no refcount needed
+  const uint64_t mid = 12 << 20;     // host near 12 MiB: block 1
+  testing::HoldAndExpectGoesOn(
+      opener.last(), [&] { ASSERT_OK(image->Discard(mid, 65536)); },
+      ReadAndWriteCached(image.get(), b),
+      "a discard's refcount block");
+  EXPECT_GT(image->GetStats().refcount_read_bytes,
+            before.refcount_read_bytes);
+  ASSERT_OK(image->Close());
+  if (!testing::HaveQemu()) return;
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> all,
+                       testing::QemuCheckedReadAll(path));
+  EXPECT_TRUE(std::all_of(all.begin() + mid, all.begin() + mid + 65536,
+                          [](uint8_t c) { return c == 0; }));
+  const std::vector<uint8_t> rest = Pattern(1 << 20, mid + 65536, 65536);
+  EXPECT_TRUE(std::equal(rest.begin(), rest.end(), all.begin() + mid + 65536));
 }
 
 // A small write into an overlay whose backing file's L2 slice for the

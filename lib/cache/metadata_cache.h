@@ -59,6 +59,10 @@ class MissDeferral {
 
   // The deferral in force on this thread, if a miss may be deferred now.
   static MissDeferral* Active();
+  // From here on, the deferral in force on this thread (if any) defers
+  // nothing: what follows changes metadata as it goes, which dropping the
+  // plan would not undo. A probe of what it needs comes first.
+  static void Stop();
 
   bool deferred() const { return cache != nullptr; }
 
@@ -74,6 +78,7 @@ class MissDeferral {
  private:
   const IoPlan* const plan_;
   const bool even_with_work_;
+  bool stopped_ = false;
   MissDeferral* const saved_;
 };
 

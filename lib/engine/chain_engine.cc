@@ -240,17 +240,21 @@ void Chain::PlanLocked(Request* r) {
     case Request::kWriteZeroes:
     case Request::kDiscard: {
       const bool discard = r->kind == Request::kDiscard;
-      (discard ? st.guest_discard_ops : st.guest_zero_ops)++;
-      (discard ? st.guest_discard_bytes : st.guest_zero_bytes) += r->len;
+      if (!r->counted) {
+        (discard ? st.guest_discard_ops : st.guest_zero_ops)++;
+        (discard ? st.guest_discard_bytes : st.guest_zero_bytes) += r->len;
+      }
+      r->counted = true;
       if (r->len == 0) break;
-      // qcow2: mostly metadata, done here under the lock; zero bytes
-      // written into part of a cluster are planned, and metadata written
-      // out on the way (evictions, a cache written before a free) is
-      // recorded, for the executor.
+      // qcow2: mostly metadata, changed here under the lock (the tables
+      // it needs are read first, without it); zero bytes written into
+      // part of a cluster are planned, and metadata written out on the
+      // way (evictions, a cache written before a free) is recorded, for
+      // the executor.
       if (top != nullptr) {
-        EvictionScope evictions(TopWriteBack(), r);
-        r->status =
-            top->Zero(r->offset, r->len, discard || r->unmap, &r->plan);
+        PlanDeferringMisses(r, [&] {
+          return top->Zero(r->offset, r->len, discard || r->unmap, &r->plan);
+        });
       } else {
         // A raw file: one zero-range call, run by the executor.
         IoOp op;

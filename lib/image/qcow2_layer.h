@@ -258,6 +258,17 @@ class Qcow2Layer : public Layer {
   absl::StatusOr<Extent> MapPending(PendingCluster& p, uint64_t offset,
                                     uint64_t max_len);
   absl::StatusOr<L2Ref> L2ForWrite(uint64_t cluster);
+  // Under a MissDeferral that may defer now (the plan still empty), looks
+  // up what changing guest range [offset, +len) will need, changing
+  // nothing: its L2 slices, the refcount blocks of host clusters it may
+  // free (compressed or shared ones; with `frees_owned`, ours too), and
+  // for clusters it covers only in part, the tables below that say what
+  // to copy. The first of these not cached stops it with the deferred
+  // miss, to be read with no lock held; any other error is left to the
+  // planning that follows. Looks at kProbeClusters clusters at most.
+  absl::Status ProbeChange(uint64_t offset, uint64_t len, bool frees_owned);
+  absl::Status ProbeCluster(uint64_t cluster, bool partial, bool frees_owned);
+  static constexpr uint64_t kProbeClusters = 1024;
   absl::Status PlanWriteCluster(uint64_t cluster, uint64_t in_cluster,
                                 absl::Span<const uint8_t> data, IoPlan* plan,
                                 bool fine = false);

@@ -328,16 +328,6 @@ absl::Status Qcow2Layer::PlanWriteCluster(uint64_t cluster,
   // after the L2 update: refuse now, before anything is allocated, if that
   // would free metadata.
   RETURN_IF_ERROR(CheckNotMetadata(entry, guest));
-  // The chain below, looked at before anything is allocated: while the
-  // plan is still empty, a table missing there is read by the executor
-  // with no lock held (MissDeferral); once the plan holds the allocation,
-  // the copy-on-write read below would read it under the lock.
-  const bool copies =
-      in_cluster > 0 || in_cluster + data.size() < g.cluster_size;
-  if (copies && host == 0 && !compressed && !g.extended_l2 && backing_zero_ &&
-      MissDeferral::Active() != nullptr) {
-    RETURN_IF_ERROR(KnownZero(entry, bitmap, guest, g.cluster_size).status());
-  }
   // A cluster past everything the file ever held reads as zeros on disk.
   const uint64_t end_before = refcounts_->end_cluster();
   ASSIGN_OR_RETURN(uint64_t fresh, refcounts_->Allocate(1));
@@ -420,10 +410,64 @@ absl::Status Qcow2Layer::PlanWriteCluster(uint64_t cluster,
   return absl::OkStatus();
 }
 
+absl::Status Qcow2Layer::ProbeCluster(uint64_t cluster, bool partial,
+                                      bool frees_owned) {
+  const Geometry& g = map_->geometry();
+  uint64_t entry = 0;
+  uint64_t bitmap = 0;
+  ASSIGN_OR_RETURN(uint64_t table, map_->L2TableFor(cluster));
+  if (table != 0) {
+    ASSIGN_OR_RETURN(L2Ref ref, map_->Lookup(cluster));
+    entry = ref.entry();
+    bitmap = ref.bitmap();
+  }
+  const uint64_t host = entry & kEntryOffsetMask;
+  if (entry & kOflagCompressed) {
+    const CompressedExtent c = DecodeCompressed(entry, g.cluster_bits);
+    const uint64_t last = (c.host_offset + c.length - 1) >> g.cluster_bits;
+    for (uint64_t h = c.host_offset >> g.cluster_bits; h <= last; ++h) {
+      RETURN_IF_ERROR(refcounts_->Get(h, /*may_defer=*/true).status());
+    }
+    return absl::OkStatus();
+  }
+  if (host != 0 && (frees_owned || !(entry & kOflagCopied))) {
+    RETURN_IF_ERROR(
+        refcounts_->Get(host >> g.cluster_bits, /*may_defer=*/true).status());
+  }
+  if (partial && host == 0 && backing_zero_) {
+    RETURN_IF_ERROR(
+        KnownZero(entry, bitmap, cluster << g.cluster_bits, g.cluster_size)
+            .status());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Qcow2Layer::ProbeChange(uint64_t offset, uint64_t len,
+                                     bool frees_owned) {
+  MissDeferral* d = MissDeferral::Active();
+  if (d == nullptr || len == 0) return absl::OkStatus();
+  const Geometry& g = map_->geometry();
+  const uint64_t mask = g.cluster_size - 1;
+  const uint64_t first = offset >> g.cluster_bits;
+  const uint64_t last = (offset + len - 1) >> g.cluster_bits;
+  const uint64_t end = std::min(last + 1, first + kProbeClusters);
+  for (uint64_t c = first; c < end; ++c) {
+    const bool partial = (c == first && (offset & mask) != 0) ||
+                         (c == last && ((offset + len) & mask) != 0);
+    absl::Status s = ProbeCluster(c, partial, frees_owned);
+    if (!s.ok()) return d->deferred() ? s : absl::OkStatus();
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Qcow2Layer::PlanWrite(uint64_t offset,
                                    absl::Span<const uint8_t> data,
                                    IoPlan* plan, bool fine) {
   RETURN_IF_ERROR(PrepareWrite());
+  // What planning will look up, looked at first: a table missing there is
+  // read by the executor with no lock held (MissDeferral). Once the plan
+  // holds an allocation, a miss is read at once, under the lock.
+  RETURN_IF_ERROR(ProbeChange(offset, data.size(), /*frees_owned=*/false));
   const Geometry& g = map_->geometry();
   uint64_t pos = 0;
   while (pos < data.size()) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "lib/cache/metadata_cache.h"
 #include "lib/format/entries.h"
 #include "lib/image/qcow2_layer.h"
 #include "lib/util/math.h"
@@ -126,6 +127,11 @@ absl::Status Qcow2Layer::ZeroSubclusters(uint64_t cluster, uint64_t in_cluster,
 absl::Status Qcow2Layer::Zero(uint64_t offset, uint64_t len,
                               bool free_clusters, IoPlan* plan) {
   RETURN_IF_ERROR(PrepareWrite());
+  // Changes are made as the range is walked: a table missing on the way
+  // cannot be left for later then. What the walk needs is looked up first,
+  // while a miss can still be deferred (read with no lock held).
+  RETURN_IF_ERROR(ProbeChange(offset, len, free_clusters));
+  MissDeferral::Stop();
   // Clusters waiting for their L2 entry get it first (the caller holds
   // them whole, so no write to them is in flight).
   RETURN_IF_ERROR(SettlePendingIn(offset, len, /*drop_whole=*/true));
