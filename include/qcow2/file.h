@@ -50,6 +50,14 @@ class File {
   // Truncate(new_size).
   virtual absl::Status Extend(uint64_t old_size, uint64_t new_size);
 
+  // Like Extend to offset+len, from an `offset` at or past the end the
+  // caller last set, but safe while writes anywhere in the file are in
+  // flight: it only reserves blocks there (fallocate) and never shrinks
+  // the file or changes bytes already written. The library grows images
+  // ahead this way with no lock held. Default: kUnimplemented, and the
+  // library calls Extend under its lock instead.
+  virtual absl::Status Reserve(uint64_t offset, uint64_t len);
+
   // Reserves space for [offset, offset+len) so later writes there cannot
   // fail for lack of space. Default: writes zeroes where the range lies past
   // the current end of the file.

@@ -86,6 +86,11 @@ class Chain {
   // r->status). Takes the entry into the cache and plans r again, which
   // may leave another miss to fetch.
   void LoadMiss(Request* r);
+  // Called by the executor with no lock held, before r's I/O: reserves
+  // the file's growth the plan asked for (IoPlan::grow_file), blocking.
+  // When the file cannot reserve, takes the lock and grows it there
+  // (Qcow2Layer::GrowWithoutReserve); an error of that lands in r->status.
+  void Grow(Request* r);
   // After a flush planned the fill of pending clusters (r->filling): the
   // executor has run r->plan (its error, if any, in r->status). Commits
   // or abandons the fill, lets the clusters go, and plans the flush's

@@ -3,6 +3,7 @@
 // the I/O, and the synchronous API as requests run on the calling thread.
 #include <condition_variable>
 #include <mutex>
+#include <utility>
 
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
@@ -350,6 +351,19 @@ void Chain::PlanDeferringMisses(Request* r,
   r->miss_op.Add(r->plan.Buffer(deferral.read_len), deferral.read_len);
 }
 
+void Chain::Grow(Request* r) {
+  IoPlan& p = r->plan;
+  File* file = std::exchange(p.grow_file, nullptr);
+  if (file == nullptr) return;
+  absl::Status s = file->Reserve(p.grow_from, p.grow_to - p.grow_from);
+  if (s.ok()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  StatsScope scope(&r->stats);
+  Qcow2Layer* top = top_qcow2();
+  if (top != nullptr) s = top->GrowWithoutReserve(s);
+  if (!s.ok() && r->status.ok()) r->status = std::move(s);
+}
+
 void Chain::LoadMiss(Request* r) {
   std::lock_guard<std::mutex> lock(mu_);
   StatsScope scope(&r->stats);
@@ -635,6 +649,7 @@ absl::Status Chain::RunSync(Request* r) {
     r->status = RunOp(r->miss_op, false);
     LoadMiss(r);
   }
+  Grow(r);
   if (r->filling) {
     // A flush's fill of pending clusters: its I/O with no lock held.
     if (r->status.ok()) r->status = RunPlanIo(r->plan, &r->stats);

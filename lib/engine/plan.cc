@@ -76,6 +76,7 @@ void IoPlan::CoalesceWrites() {
 }
 
 void IoPlan::Clear() {
+  grow_file = nullptr;
   reads.clear();
   after_reads.clear();
   writes.clear();

@@ -69,6 +69,13 @@ class IoPlan {
     uint8_t* cluster;
   };
   std::vector<Decompressed> decompressed;
+  // The file grown ahead for the writes: [grow_from, grow_to) of
+  // grow_file is reserved (File::Reserve) with no lock held, before the
+  // writes are issued, failed or not (Qcow2Layer::GrowAhead). nullptr:
+  // nothing to grow.
+  File* grow_file = nullptr;
+  uint64_t grow_from = 0;
+  uint64_t grow_to = 0;
 
   // A buffer owned by the plan, aligned for O_DIRECT, zero-filled.
   uint8_t* Buffer(size_t len);

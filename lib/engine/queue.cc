@@ -226,6 +226,7 @@ class QueueImpl final : public Waiter, public Chain::StatsSource {
       }
       switch (r->phase++) {
         case 0:
+          chain_->Grow(r);  // blocking, no lock held (rarely: in steps)
           if (r->filling) {
             // A flush's fill of pending clusters (deferred copy-on-write):
             // blocking I/O on this thread, with no lock held, so that a

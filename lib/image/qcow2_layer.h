@@ -170,6 +170,13 @@ class Qcow2Layer : public Layer {
   void DiscardReleased(
       const std::vector<std::pair<uint64_t, uint64_t>>& ranges);
   void EndDiscard(const std::vector<std::pair<uint64_t, uint64_t>>& ranges);
+
+  // A plan's grow (IoPlan::grow_file) could not reserve (`reserve`: no
+  // fallocate, or no room): under the lock, makes the file long enough by
+  // a size change instead, to past every cluster allocated so far (no
+  // write in flight lies beyond that), and after kUnimplemented grows
+  // under the lock from then on.
+  absl::Status GrowWithoutReserve(const absl::Status& reserve);
   // Every metadata write goes through this file (see BeginFlush).
   WriteBackFile* meta_file() { return meta_.get(); }
   absl::Status Close() override;
@@ -309,9 +316,14 @@ class Qcow2Layer : public Layer {
   // extends a file waits on Linux file systems for every direct write in
   // flight; with the file grown ahead, writes into new clusters land
   // inside it and stay concurrent. The step is reserved where the file can
-  // (File::Extend: fallocate for POSIX files), so such writes do not
-  // allocate blocks either. Close() gives back what was not used.
-  absl::Status GrowAhead(uint64_t end);
+  // (fallocate for POSIX files), so such writes do not allocate blocks
+  // either. Close() gives back what was not used.
+  //
+  // With `plan`, the step is only recorded there (IoPlan::grow_file): the
+  // executor reserves it with no lock held (File::Reserve) before the
+  // plan's writes; a fallocate of 256 MiB takes tens of milliseconds. Where
+  // Reserve is not implemented, the file grows here (File::Extend).
+  absl::Status GrowAhead(uint64_t end, IoPlan* plan = nullptr);
   // Called when a write into the host cluster at `host` has committed (a
   // new cluster) or is planned (in place): the file must keep that
   // cluster.
@@ -333,8 +345,11 @@ class Qcow2Layer : public Layer {
   std::unique_ptr<WriteBackFile> meta_;
   Header header_;
   uint64_t file_size_;
-  // The file's length as last set by GrowAhead (0: never grown).
+  // The file's length as last set by GrowAhead (0: never grown), perhaps
+  // still being reserved by a plan's executor.
   uint64_t grown_to_ = 0;
+  // File::Reserve said kUnimplemented: GrowAhead extends under the lock.
+  bool reserve_unsupported_ = false;
   // L1 indices of new L2 tables whose entry is set in memory but not yet
   // written (WriteL1Entries writes them at the next flush).
   std::vector<uint64_t> unwritten_l1_entries_;

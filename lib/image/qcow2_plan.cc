@@ -482,7 +482,8 @@ absl::Status Qcow2Layer::PlanWrite(uint64_t offset,
   }
   // Once the whole write is planned (a write that fails to plan changes
   // nothing in the file), new clusters are made to lie inside the file.
-  RETURN_IF_ERROR(GrowAhead(refcounts_->end_cluster() << g.cluster_bits));
+  RETURN_IF_ERROR(
+      GrowAhead(refcounts_->end_cluster() << g.cluster_bits, plan));
   plan->CoalesceWrites();
   return absl::OkStatus();
 }
@@ -504,6 +505,12 @@ absl::Status Qcow2Layer::Write(uint64_t offset,
                                absl::Span<const uint8_t> data) {
   IoPlan plan;
   absl::Status s = PlanWrite(offset, data, &plan);
+  if (plan.grow_file != nullptr) {
+    absl::Status r =
+        plan.grow_file->Reserve(plan.grow_from, plan.grow_to - plan.grow_from);
+    if (!r.ok()) r = GrowWithoutReserve(r);
+    if (s.ok()) s = std::move(r);
+  }
   if (s.ok()) s = RunPlanIo(plan, CurrentStats());
   if (!s.ok()) {
     for (auto& abort : plan.aborts) abort();

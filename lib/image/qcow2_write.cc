@@ -338,15 +338,36 @@ absl::Status Qcow2Layer::Flush() {
   return absl::OkStatus();
 }
 
-absl::Status Qcow2Layer::GrowAhead(uint64_t end) {
+absl::Status Qcow2Layer::GrowAhead(uint64_t end, IoPlan* plan) {
   const uint64_t have = std::max(grown_to_, file_size_);
   if (end <= have) return absl::OkStatus();
   const uint64_t step =
       std::clamp<uint64_t>(have / 4, uint64_t{1} << 20, uint64_t{256} << 20);
   const uint64_t cs = map_->geometry().cluster_size;
   const uint64_t target = (std::max(end, have + step) + cs - 1) / cs * cs;
-  RETURN_IF_ERROR(file_->Extend(have, target));
+  if (plan != nullptr && !reserve_unsupported_ &&
+      plan->grow_file == nullptr) {
+    // Writes into [have, target) planned before the executor reserves it
+    // extend the file themselves, which is sound, only slower.
+    plan->grow_file = file_.get();
+    plan->grow_from = have;
+    plan->grow_to = target;
+  } else {
+    RETURN_IF_ERROR(file_->Extend(have, target));
+  }
   grown_to_ = target;
+  return absl::OkStatus();
+}
+
+absl::Status Qcow2Layer::GrowWithoutReserve(const absl::Status& reserve) {
+  if (absl::IsUnimplemented(reserve)) reserve_unsupported_ = true;
+  const uint64_t want = std::max(
+      grown_to_, refcounts_->end_cluster() << map_->geometry().cluster_bits);
+  ASSIGN_OR_RETURN(uint64_t size, file_->Size());
+  // Every write in flight lies inside a cluster allocated so far, so below
+  // `want`: the size change never cuts one off.
+  if (size < want) RETURN_IF_ERROR(file_->Truncate(want));
+  grown_to_ = want;
   return absl::OkStatus();
 }
 

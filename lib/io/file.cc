@@ -46,6 +46,10 @@ absl::Status File::Extend(uint64_t old_size, uint64_t new_size) {
   return Truncate(new_size);
 }
 
+absl::Status File::Reserve(uint64_t offset, uint64_t len) {
+  return absl::UnimplementedError("Reserve is not implemented by this file");
+}
+
 absl::Status File::Allocate(uint64_t offset, uint64_t len) {
   ASSIGN_OR_RETURN(uint64_t size, Size());
   uint64_t end = offset + len;

@@ -154,6 +154,20 @@ absl::Status PosixFile::Extend(uint64_t old_size, uint64_t new_size) {
   return Truncate(new_size);
 }
 
+absl::Status PosixFile::Reserve(uint64_t offset, uint64_t len) {
+  if (::fallocate(fd_, 0, static_cast<off_t>(offset),
+                  static_cast<off_t>(len)) == 0) {
+    return absl::OkStatus();
+  }
+  if (errno == EOPNOTSUPP || errno == ENOSYS) {
+    return absl::UnimplementedError(
+        absl::StrCat("no fallocate on the file system of ", name_));
+  }
+  return ErrnoError(errno, absl::StrCat("reserving ", len, " bytes at ",
+                                        offset, " of"),
+                    name_);
+}
+
 absl::Status PosixFile::Allocate(uint64_t offset, uint64_t len) {
   if (::fallocate(fd_, 0, static_cast<off_t>(offset),
                   static_cast<off_t>(len)) == 0) {

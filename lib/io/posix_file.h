@@ -48,6 +48,7 @@ class PosixFile : public File {
   // Reserves the new range with fallocate (unwritten blocks) where it
   // can, else a plain truncate.
   absl::Status Extend(uint64_t old_size, uint64_t new_size) override;
+  absl::Status Reserve(uint64_t offset, uint64_t len) override;
   absl::Status Allocate(uint64_t offset, uint64_t len) override;
   absl::Status WriteZeroes(uint64_t offset, uint64_t len) override;
   absl::Status Discard(uint64_t offset, uint64_t len) override;

@@ -11,16 +11,20 @@
 #include <string>
 #include <thread>
 
+#include "absl/status/status.h"
 #include "qcow2/file.h"
 
 namespace qcow2::testing {
 
 // Which operations the gate holds: reads of exactly `read_size` bytes (0:
-// none), flushes, discards.
+// none), flushes, discards, growth (Reserve and Extend). Reserve fails
+// with `reserve_error` when it is not kOk, after the hold.
 struct GateSpec {
   size_t read_size = 0;
   bool flush = false;
   bool discard = false;
+  bool grow = false;
+  absl::StatusCode reserve_error = absl::StatusCode::kOk;
 };
 
 // Once armed, the first matching operation waits for Release(); every
@@ -47,7 +51,15 @@ class GateFile : public File {
     return inner_->Truncate(size);
   }
   absl::Status Extend(uint64_t old_size, uint64_t new_size) override {
+    if (spec_.grow) Hold();
     return inner_->Extend(old_size, new_size);
+  }
+  absl::Status Reserve(uint64_t offset, uint64_t len) override {
+    if (spec_.grow) Hold();
+    if (spec_.reserve_error != absl::StatusCode::kOk) {
+      return absl::Status(spec_.reserve_error, "reserve refused by the test");
+    }
+    return inner_->Reserve(offset, len);
   }
   absl::Status Discard(uint64_t offset, uint64_t len) override {
     if (spec_.discard) Hold();

@@ -1,0 +1,139 @@
+// The file of a qcow2 image is grown ahead of its allocations in steps
+// (Qcow2Layer::GrowAhead). The step is reserved (fallocate) by the
+// executor of the write that needs it, with no lock held: a reserve of
+// 256 MiB takes tens of milliseconds, and other requests go on meanwhile.
+// A file that cannot reserve is grown by a size change under the lock.
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "qcow2/image.h"
+#include "qcow2/queue.h"
+#include "tests/util/gate_file.h"
+#include "tests/util/model.h"
+#include "tests/util/test_util.h"
+
+namespace qcow2 {
+namespace {
+
+using testing::TempDir;
+
+constexpr uint64_t kCluster = 65536;
+
+std::vector<uint8_t> Filled(uint64_t seed, size_t len) {
+  std::vector<uint8_t> v(len);
+  testing::FillPseudoRandom(seed, absl::MakeSpan(v));
+  return v;
+}
+
+// An empty 64 MiB image with 64 KiB clusters, open read-write through
+// `opener`, with cluster 0 written (which grows the file by its first
+// step, 1 MiB).
+class Grow : public ::testing::Test {
+ protected:
+  void Open(testing::GateSpec spec) {
+    path_ = dir_.File("img.qcow2");
+    CreateOptions co;
+    co.size = 64 << 20;
+    co.cluster_size = kCluster;
+    ASSERT_OK(CreateImage(path_, co));
+    created_ = std::filesystem::file_size(path_);
+    opener_ = std::make_unique<testing::GateOpener>(spec);
+    OpenOptions oo;
+    oo.read_write = true;
+    oo.opener = opener_.get();
+    ASSERT_OK_AND_ASSIGN(image_, Image::Open(path_, oo));
+    ASSERT_OK(image_->Write(0, first_));
+    EXPECT_GE(std::filesystem::file_size(path_), created_ + (1 << 20));
+  }
+
+  // Reads cluster 0 back, and writes 4 KiB of it again in place: neither
+  // allocates.
+  absl::Status ReadAndWriteInPlace() {
+    std::vector<uint8_t> r(kCluster);
+    absl::Status s = image_->Read(0, absl::MakeSpan(r));
+    if (s.ok() && r != first_) s = absl::InternalError("read other bytes");
+    if (s.ok()) {
+      s = image_->Write(4096, absl::MakeConstSpan(first_.data() + 4096, 4096));
+    }
+    return s;
+  }
+
+  // Closes the image; qemu-img finds it clean and reads `big` at 8 MiB.
+  void CloseAndCheck() {
+    ASSERT_OK(image_->Close());
+    if (!testing::HaveQemu()) return;
+    ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> all,
+                         testing::QemuCheckedReadAll(path_));
+    EXPECT_TRUE(std::equal(first_.begin(), first_.end(), all.begin()));
+    EXPECT_TRUE(std::equal(big_.begin(), big_.end(), all.begin() + kAt));
+  }
+
+  static constexpr uint64_t kAt = 8 << 20;
+  TempDir dir_;
+  std::string path_;
+  uint64_t created_ = 0;
+  std::unique_ptr<testing::GateOpener> opener_;
+  std::unique_ptr<Image> image_;
+  const std::vector<uint8_t> first_ = Filled(1, kCluster);
+  // 2 MiB of new clusters: past the first step.
+  const std::vector<uint8_t> big_ = Filled(2, 2 << 20);
+};
+
+// While the write that needs the file grown reserves the step, a read
+// and an in-place write complete. Before, the file grew while the write
+// was planned, under the lock.
+TEST_F(Grow, TheStepIsReservedWithoutTheLock) {
+  Open({.grow = true});
+  testing::HoldAndExpectGoesOn(
+      opener_->last(), [&] { ASSERT_OK(image_->Write(kAt, big_)); },
+      [&] { return ReadAndWriteInPlace(); }, "another write's growth");
+  EXPECT_GE(std::filesystem::file_size(path_),
+            created_ + kCluster + big_.size());
+  CloseAndCheck();
+}
+
+// The same through a queue: its executor reserves the step.
+TEST_F(Grow, AQueueReservesTheStepWithoutTheLock) {
+  Open({.grow = true});
+  testing::HoldAndExpectGoesOn(
+      opener_->last(),
+      [&] {
+        ASSERT_OK_AND_ASSIGN(auto q, image_->CreateQueue());
+        absl::Status done = absl::UnknownError("not completed");
+        ASSERT_OK(q->SubmitWrite(kAt, big_,
+                                 [&done](absl::Status s) { done = s; }));
+        q->Drain();
+        ASSERT_OK(done);
+      },
+      [&] { return ReadAndWriteInPlace(); }, "a queue's growth");
+  EXPECT_GE(std::filesystem::file_size(path_),
+            created_ + kCluster + big_.size());
+  CloseAndCheck();
+}
+
+// A file that cannot reserve (no room, or no fallocate at all) still
+// grows by whole steps, by a size change: a cluster whose tail is never
+// written lies inside the file all the same.
+TEST_F(Grow, AFileThatCannotReserveGrowsBySize) {
+  for (absl::StatusCode code : {absl::StatusCode::kResourceExhausted,
+                                absl::StatusCode::kUnimplemented}) {
+    SCOPED_TRACE(absl::StatusCodeToString(code));
+    Open({.reserve_error = code});
+    EXPECT_GE(std::filesystem::file_size(path_), created_ + (1 << 20));
+    ASSERT_OK(image_->Write(kAt, big_));
+    // 4 KiB into a fresh cluster: the file grows by a whole step, not to
+    // the end of what was written.
+    const uint64_t before = std::filesystem::file_size(path_);
+    ASSERT_OK(image_->Write(32 << 20, Filled(3, 4096)));
+    EXPECT_GE(std::filesystem::file_size(path_), before + (1 << 20));
+    CloseAndCheck();
+    image_.reset();
+    std::filesystem::remove(path_);
+  }
+}
+
+}  // namespace
+}  // namespace qcow2
