@@ -90,6 +90,7 @@ TEST_F(Grow, TheStepIsReservedWithoutTheLock) {
   testing::HoldAndExpectGoesOn(
       opener_->last(), [&] { ASSERT_OK(image_->Write(kAt, big_)); },
       [&] { return ReadAndWriteInPlace(); }, "another write's growth");
+  EXPECT_EQ(image_->GetStats().host_calls_under_lock, 0u);
   EXPECT_GE(std::filesystem::file_size(path_),
             created_ + kCluster + big_.size());
   CloseAndCheck();
@@ -109,6 +110,7 @@ TEST_F(Grow, AQueueReservesTheStepWithoutTheLock) {
         ASSERT_OK(done);
       },
       [&] { return ReadAndWriteInPlace(); }, "a queue's growth");
+  EXPECT_EQ(image_->GetStats().host_calls_under_lock, 0u);
   EXPECT_GE(std::filesystem::file_size(path_),
             created_ + kCluster + big_.size());
   CloseAndCheck();
@@ -129,6 +131,9 @@ TEST_F(Grow, AFileThatCannotReserveGrowsBySize) {
     const uint64_t before = std::filesystem::file_size(path_);
     ASSERT_OK(image_->Write(32 << 20, Filled(3, 4096)));
     EXPECT_GE(std::filesystem::file_size(path_), before + (1 << 20));
+    // With no room to reserve, each size change is made under the lock;
+    // with no fallocate at all, every later step too (File::Extend).
+    EXPECT_GT(image_->GetStats().host_calls_under_lock, 0u);
     CloseAndCheck();
     image_.reset();
     std::filesystem::remove(path_);

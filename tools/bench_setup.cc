@@ -159,6 +159,7 @@ void AddIoColumns(const IoStats& d, Op op, Record* row) {
       .Set("host_read_bytes", Value::Uint(d.host_read_bytes()))
       .Set("host_write_bytes", Value::Uint(d.host_write_bytes()))
       .Set("cow_read_bytes", Value::Uint(d.cow_read_bytes))
+      .Set("host_calls_under_lock", Value::Uint(d.host_calls_under_lock))
       .Set("write_amplification",
            Value::Ratio(
                op == Op::kWrite

@@ -181,7 +181,8 @@ void BuildRows(const Params& p, const std::vector<Result>& results,
       {"writers", "writers"},    {"mode", "mode", 0, true},
       {"MB/s", "mb_per_s", 1},   {"min", "min_mb_per_s", 1},
       {"max", "max_mb_per_s", 1}, {"vs raw", "ratio_vs_raw", 2},
-      {"seconds", "seconds", 2}, {"write amp", "write_amplification", 3}};
+      {"seconds", "seconds", 2}, {"write amp", "write_amplification", 3},
+      {"locked calls", "host_calls_under_lock"}};
   report->plot_title = "qcowtool bench scaling";
   report->plot = {panel};
 }

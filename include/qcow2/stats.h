@@ -46,6 +46,13 @@ struct IoStats {
   uint64_t host_discard_ops = 0;
   uint64_t host_discard_bytes = 0;
   uint64_t host_flushes = 0;  // fsync/fdatasync calls
+  // Host file calls (reads, writes, flushes, size changes, zeroing,
+  // discards; POSIX and in-memory files) made while the image's metadata
+  // lock was held. Each holds up the planning of every queue's requests
+  // for its length. What is left of them: metadata misses no probe
+  // foresaw, write-outs past a request's budget, header and table
+  // growth, and some whole-cluster operations (see docs/architecture.md).
+  uint64_t host_calls_under_lock = 0;
 
   // Data clusters allocated in the top image.
   uint64_t cluster_allocations = 0;

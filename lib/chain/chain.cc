@@ -331,6 +331,23 @@ absl::Status Chain::PlanBackingRead(uint64_t offset, uint8_t* dest,
 absl::StatusOr<bool> Chain::ReadsAsZero(int depth, uint64_t offset,
                                         uint64_t len) {
   uint64_t pos = 0;
+  if (depth == 1 && length() > 2) {
+    // From the backing map, as PlanRead reads below the top: the lookups
+    // this makes are those a copy from there will need.
+    while (pos < len) {
+      const uint64_t cur = offset + pos;
+      std::optional<BackingMap::Piece> p = backing_map_.Find(cur);
+      if (!p) {
+        ASSIGN_OR_RETURN(p, ResolveBacking(cur));
+      }
+      if (p->extent.kind != Extent::kZero &&
+          p->extent.kind != Extent::kUnallocated) {
+        return false;
+      }
+      pos += std::min(len - pos, p->length - (cur - p->start));
+    }
+    return true;
+  }
   while (pos < len) {
     const uint64_t cur = offset + pos;
     if (depth >= length() || cur >= layers_[depth]->size()) return true;
@@ -349,6 +366,7 @@ absl::StatusOr<bool> Chain::ReadsAsZero(int depth, uint64_t offset,
 absl::StatusOr<BlockStatus> Chain::GetBlockStatus(uint64_t offset,
                                                   uint64_t max_len) {
   std::lock_guard<std::mutex> lock(mu_);
+  UnderLockScope under_lock;
   if (closed_) {
     return absl::FailedPreconditionError(
         absl::StrCat(layers_[0]->filename(), ": image is closed"));
@@ -404,6 +422,7 @@ absl::StatusOr<BlockStatus> Chain::GetBlockStatus(uint64_t offset,
 
 std::vector<LayerInfo> Chain::GetChainInfo() const {
   std::lock_guard<std::mutex> lock(mu_);
+  UnderLockScope under_lock;
   std::vector<LayerInfo> out;
   for (size_t i = 0; i < layers_.size(); ++i) {
     LayerInfo info = layers_[i]->Info();

@@ -46,10 +46,12 @@ class Chain {
   // The same for callers from outside (take mu_).
   uint64_t LockedSize() const {
     std::lock_guard<std::mutex> lock(mu_);
+    UnderLockScope under_lock;
     return size();
   }
   int LockedLength() const {
     std::lock_guard<std::mutex> lock(mu_);
+    UnderLockScope under_lock;
     return length();
   }
   Layer* layer(int depth) { return layers_[depth].get(); }

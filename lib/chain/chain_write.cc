@@ -52,6 +52,7 @@ void Chain::ConnectBacking() {
 
 absl::Status Chain::Resize(uint64_t new_size) {
   std::lock_guard<std::mutex> lock(mu_);
+  UnderLockScope under_lock;
   RETURN_IF_ERROR(CheckWritable());
   new_size = (new_size + 511) & ~uint64_t{511};
   if (new_size < size()) {
@@ -69,6 +70,7 @@ absl::Status Chain::Resize(uint64_t new_size) {
 
 absl::Status Chain::Close() {
   std::lock_guard<std::mutex> lock(mu_);
+  UnderLockScope under_lock;
   if (closed_) return absl::OkStatus();
   closed_ = true;
   absl::Status result;
@@ -83,6 +85,7 @@ absl::Status Chain::Close() {
 absl::Status Chain::CreateOverlay(const std::string& path,
                                   const CreateOptions& opts) {
   std::lock_guard<std::mutex> lock(mu_);
+  UnderLockScope under_lock;
   RETURN_IF_ERROR(CheckWritable());
   if (length() > opts_.max_chain_depth) {
     return absl::FailedPreconditionError(absl::StrCat(

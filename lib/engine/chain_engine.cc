@@ -84,6 +84,7 @@ absl::Status Chain::ClosedError() const {
 
 absl::Status Chain::Validate(const Request& r) const {
   std::lock_guard<std::mutex> lock(mu_);
+  UnderLockScope under_lock;
   if (closed_) return ClosedError();
   if (r.kind == Request::kFlush) return absl::OkStatus();
   if (r.kind != Request::kRead) RETURN_IF_ERROR(CheckWritable());
@@ -146,6 +147,7 @@ bool Chain::WidenLock(Request* r) {
 
 bool Chain::Begin(Request* r) {
   std::lock_guard<std::mutex> lock(mu_);
+  UnderLockScope under_lock;
   StatsScope scope(&r->stats);
   if (closed_) {
     r->status = ClosedError();
@@ -189,6 +191,7 @@ bool Chain::Begin(Request* r) {
 
 void Chain::Plan(Request* r) {
   std::lock_guard<std::mutex> lock(mu_);
+  UnderLockScope under_lock;
   StatsScope scope(&r->stats);
   PlanLocked(r);
 }
@@ -358,6 +361,7 @@ void Chain::Grow(Request* r) {
   absl::Status s = file->Reserve(p.grow_from, p.grow_to - p.grow_from);
   if (s.ok()) return;
   std::lock_guard<std::mutex> lock(mu_);
+  UnderLockScope under_lock;
   StatsScope scope(&r->stats);
   Qcow2Layer* top = top_qcow2();
   if (top != nullptr) s = top->GrowWithoutReserve(s);
@@ -366,6 +370,7 @@ void Chain::Grow(Request* r) {
 
 void Chain::LoadMiss(Request* r) {
   std::lock_guard<std::mutex> lock(mu_);
+  UnderLockScope under_lock;
   StatsScope scope(&r->stats);
   MetadataCache* cache = r->miss_cache;
   r->miss_cache = nullptr;
@@ -504,6 +509,7 @@ void Chain::EndFill(Request* r) {
 
 void Chain::FinishFill(Request* r) {
   std::lock_guard<std::mutex> lock(mu_);
+  UnderLockScope under_lock;
   StatsScope scope(&r->stats);
   EndFill(r);
   if (!r->status.ok()) return;
@@ -517,6 +523,7 @@ void Chain::FinishFill(Request* r) {
 void Chain::RecordFlush(Request* r) {
   r->record_flush = false;
   std::unique_lock<std::mutex> lock(mu_);
+  UnderLockScope under_lock;
   StatsScope scope(&r->stats);
   Qcow2Layer* top = top_qcow2();
   if (top == nullptr) return;
@@ -549,7 +556,9 @@ void Chain::RecordFlush(Request* r) {
   flush_recording_ = true;
   WriteBackFile* meta = top->meta_file();
   lock.unlock();
+  under_lock.Pause();
   r->status = meta->WriteBack(t->write_back);
+  under_lock.Resume();
   lock.lock();
   flush_recording_ = false;
   flush_recorded_cv_.notify_all();
@@ -569,6 +578,7 @@ void Chain::Finish(Request* r) {
   Qcow2Layer* top = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    UnderLockScope under_lock;
     FinishLocked(r);
     top = top_qcow2();
     // Metadata written out by the commits (a cache a new dependency
@@ -593,11 +603,13 @@ void Chain::Finish(Request* r) {
       top->DiscardReleased(r->released);
     }
     std::lock_guard<std::mutex> lock(mu_);
+    UnderLockScope under_lock;
     top->EndDiscard(r->released);
     r->released.clear();
   }
   if (r->owner == nullptr) {
     std::lock_guard<std::mutex> lock(mu_);
+    UnderLockScope under_lock;
     retired_stats_ += r->stats;
   }
 }
@@ -717,11 +729,13 @@ absl::Status Chain::Flush() {
 
 void Chain::Register(StatsSource* q) {
   std::lock_guard<std::mutex> lock(mu_);
+  UnderLockScope under_lock;
   sources_.push_back(q);
 }
 
 void Chain::Unregister(StatsSource* q) {
   std::lock_guard<std::mutex> lock(mu_);
+  UnderLockScope under_lock;
   retired_stats_ += q->Snapshot();
   sources_.erase(std::remove(sources_.begin(), sources_.end(), q),
                  sources_.end());
@@ -729,6 +743,7 @@ void Chain::Unregister(StatsSource* q) {
 
 IoStats Chain::Stats() const {
   std::lock_guard<std::mutex> lock(mu_);
+  UnderLockScope under_lock;
   IoStats total = retired_stats_;
   for (const StatsSource* q : sources_) total += q->Snapshot();
   return total;

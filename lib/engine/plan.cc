@@ -17,6 +17,27 @@ IoStats* CurrentStats() { return t_stats; }
 StatsScope::StatsScope(IoStats* stats) : saved_(t_stats) { t_stats = stats; }
 StatsScope::~StatsScope() { t_stats = saved_; }
 
+namespace {
+thread_local int t_under_lock = 0;
+}  // namespace
+
+UnderLockScope::UnderLockScope() { ++t_under_lock; }
+UnderLockScope::~UnderLockScope() {
+  if (!paused_) --t_under_lock;
+}
+void UnderLockScope::Pause() {
+  if (!paused_) --t_under_lock;
+  paused_ = true;
+}
+void UnderLockScope::Resume() {
+  if (paused_) ++t_under_lock;
+  paused_ = false;
+}
+
+void NoteHostCall() {
+  if (t_under_lock > 0) CountMetadata(&IoStats::host_calls_under_lock, 1);
+}
+
 void IoPlan::Free::operator()(uint8_t* p) const { std::free(p); }
 
 uint8_t* IoPlan::Buffer(size_t len) {

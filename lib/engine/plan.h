@@ -127,6 +127,27 @@ inline void CountMetadata(uint64_t IoStats::*field, uint64_t n) {
   if (IoStats* s = CurrentStats()) s->*field += n;
 }
 
+// Marks the thread as holding an image's metadata lock (Chain::mu_) while
+// it lives (Pause/Resume around a stretch with the lock let go). Host
+// file calls made meanwhile count as IoStats::host_calls_under_lock of the
+// current request (NoteHostCall).
+class UnderLockScope {
+ public:
+  UnderLockScope();
+  ~UnderLockScope();
+  UnderLockScope(const UnderLockScope&) = delete;
+  UnderLockScope& operator=(const UnderLockScope&) = delete;
+  void Pause();
+  void Resume();
+
+ private:
+  bool paused_ = false;
+};
+
+// Called by the File implementations (PosixFile, MemoryFile) at each host
+// call.
+void NoteHostCall();
+
 }  // namespace qcow2::internal
 
 #endif  // QCOW2_LIB_ENGINE_PLAN_H_
