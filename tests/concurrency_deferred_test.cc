@@ -460,6 +460,43 @@ TEST_F(DeferredCowTest, PartialWriteZeroesCopyWithoutTheLock) {
   CloseAndVerify();
 }
 
+// With extended L2 entries too (2 KiB subclusters), write-zeroes over
+// part of a subcluster copies the rest of it with no lock held, whether
+// one end of the range or both are partial: while the copy's 1 KiB read of
+// the backing file is held, requests elsewhere complete. (Both ends into
+// a cluster with no host cluster become one planned write of zero bytes
+// over the range; one end is planned, and the whole subclusters between
+// get their zero flags at once.) Before, those bytes were written under
+// the lock.
+TEST_F(DeferredCowTest, PartialSubclusterWriteZeroesCopyWithoutTheLock) {
+  image_.reset();
+  testing::GateOpener opener({.read_size = 1024});
+  image_ = FreshOverlay(dir_, base_, /*extended_l2=*/true, &opener);
+  ASSERT_NE(image_, nullptr);
+  Image* image = image_.get();
+  testing::GateFile* base_file = opener.last();
+  // Both ends partial; then the head alone.
+  const std::pair<uint64_t, uint64_t> ranges[] = {
+      {5 * kCluster + 1024, 6144}, {6 * kCluster + 1024, 5120}};
+  for (const auto& range : ranges) {
+    const uint64_t at = range.first;
+    const uint64_t len = range.second;  // (clang 14 captures no bindings)
+    const std::vector<uint8_t> whole = Pattern(9 * kCluster, at, 60);
+    testing::HoldAndExpectGoesOn(
+        base_file, [&] { ASSERT_OK(image->WriteZeroes(at, len, false)); },
+        [&] {
+          absl::Status s = ReadMatches(kCluster - 8192, 8192);
+          if (s.ok()) s = image->Write(9 * kCluster, whole);
+          return s;
+        },
+        "a partial-subcluster write-zeroes' copy-on-write");
+    std::fill_n(model_.begin() + at, len, 0);
+    Put(&model_, 9 * kCluster, whole);
+  }
+  EXPECT_EQ(image->GetStats().host_calls_under_lock, 0u);
+  CloseAndVerify();
+}
+
 // Opens the top image behind a gate on 512-byte reads (its L2 slices, as
 // opened below) and the backing file behind one on the 60 KiB reads that
 // fill a cluster whose first 4 KiB were written.

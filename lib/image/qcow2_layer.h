@@ -142,10 +142,12 @@ class Qcow2Layer : public Layer {
   absl::Status Write(uint64_t offset, absl::Span<const uint8_t> data);
   // Makes the range read as zeros; with `free_clusters`, host clusters of
   // fully covered clusters are released. Metadata changes are made at
-  // once. Zero bytes written into part of a cluster with standard L2
-  // entries are planned into `plan` when given (the caller runs and
-  // commits it, holding the cluster), else written at once; the other
-  // byte writes (subclusters, version 2 images) are blocking I/O.
+  // once. Zero bytes written into part of a cluster (or, with extended
+  // L2, of a subcluster) are planned into `plan` when given (the caller
+  // runs and commits it, holding the cluster), else written at once. Still
+  // written at once: both ends of a range that covers whole subclusters of
+  // a cluster with no host cluster of ours, the copy of a compressed or
+  // shared cluster taken first, and version 2 images' zeroing.
   absl::Status Zero(uint64_t offset, uint64_t len, bool free_clusters,
                     IoPlan* plan = nullptr);
   absl::Status Flush() override;
@@ -270,11 +272,16 @@ class Qcow2Layer : public Layer {
   // nothing: its L2 slices, the refcount blocks of host clusters it may
   // free (compressed or shared ones; with `frees_owned`, ours too), and
   // for clusters it covers only in part, the tables below that say what
-  // to copy. The first of these not cached stops it with the deferred
-  // miss, to be read with no lock held; any other error is left to the
-  // planning that follows. Looks at kProbeClusters clusters at most.
+  // to copy; and, if it may allocate, the refcount blocks the search for a
+  // free cluster meets.
+  // The first of these not cached stops it with the deferred miss, to be
+  // read with no lock held; any other error is left to the planning that
+  // follows. Looks at kProbeClusters clusters at most.
   absl::Status ProbeChange(uint64_t offset, uint64_t len, bool frees_owned);
-  absl::Status ProbeCluster(uint64_t cluster, bool partial, bool frees_owned);
+  // One cluster of ProbeChange; sets *allocates if changing it may
+  // allocate (an L2 table, or a host cluster).
+  absl::Status ProbeCluster(uint64_t cluster, bool partial, bool frees_owned,
+                            bool* allocates);
   static constexpr uint64_t kProbeClusters = 1024;
   absl::Status PlanWriteCluster(uint64_t cluster, uint64_t in_cluster,
                                 absl::Span<const uint8_t> data, IoPlan* plan,
@@ -337,7 +344,7 @@ class Qcow2Layer : public Layer {
   absl::Status OrderL2AfterAllocation();
   absl::Status ZeroCluster(uint64_t cluster, bool free_clusters);
   absl::Status ZeroSubclusters(uint64_t cluster, uint64_t in_cluster,
-                               uint64_t len);
+                               uint64_t len, IoPlan* plan);
 
   std::unique_ptr<File> file_;
   // Over file_, for every metadata write and file flush of the layer's

@@ -411,7 +411,7 @@ absl::Status Qcow2Layer::PlanWriteCluster(uint64_t cluster,
 }
 
 absl::Status Qcow2Layer::ProbeCluster(uint64_t cluster, bool partial,
-                                      bool frees_owned) {
+                                      bool frees_owned, bool* allocates) {
   const Geometry& g = map_->geometry();
   uint64_t entry = 0;
   uint64_t bitmap = 0;
@@ -422,6 +422,13 @@ absl::Status Qcow2Layer::ProbeCluster(uint64_t cluster, bool partial,
     bitmap = ref.bitmap();
   }
   const uint64_t host = entry & kEntryOffsetMask;
+  // A new L2 table, or a new host cluster for the data, may be needed.
+  const bool owned =
+      (entry & (kOflagCompressed | kOflagCopied)) == kOflagCopied;
+  if (table == 0 || !(map_->l1()[cluster / g.l2_entries] & kOflagCopied) ||
+      host == 0 || !owned) {
+    *allocates = true;
+  }
   if (entry & kOflagCompressed) {
     const CompressedExtent c = DecodeCompressed(entry, g.cluster_bits);
     const uint64_t last = (c.host_offset + c.length - 1) >> g.cluster_bits;
@@ -451,13 +458,17 @@ absl::Status Qcow2Layer::ProbeChange(uint64_t offset, uint64_t len,
   const uint64_t first = offset >> g.cluster_bits;
   const uint64_t last = (offset + len - 1) >> g.cluster_bits;
   const uint64_t end = std::min(last + 1, first + kProbeClusters);
+  bool allocates = false;
   for (uint64_t c = first; c < end; ++c) {
     const bool partial = (c == first && (offset & mask) != 0) ||
                          (c == last && ((offset + len) & mask) != 0);
-    absl::Status s = ProbeCluster(c, partial, frees_owned);
+    absl::Status s = ProbeCluster(c, partial, frees_owned, &allocates);
     if (!s.ok()) return d->deferred() ? s : absl::OkStatus();
   }
-  return absl::OkStatus();
+  if (!allocates) return absl::OkStatus();
+  // And where a first allocation (a cluster, or an L2 table) would go.
+  absl::Status s = refcounts_->ProbeAllocate();
+  return !s.ok() && d->deferred() ? s : absl::OkStatus();
 }
 
 absl::Status Qcow2Layer::PlanWrite(uint64_t offset,

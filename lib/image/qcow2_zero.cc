@@ -73,28 +73,56 @@ absl::Status Qcow2Layer::ZeroCluster(uint64_t cluster, bool free_clusters) {
 }
 
 absl::Status Qcow2Layer::ZeroSubclusters(uint64_t cluster, uint64_t in_cluster,
-                                         uint64_t len) {
+                                         uint64_t len, IoPlan* plan) {
   const Geometry& g = map_->geometry();
   const uint64_t guest = cluster << g.cluster_bits;
   const uint64_t first_full = AlignUp(in_cluster, g.subcluster_size);
   const uint64_t end = in_cluster + len;
   const uint64_t last_full = AlignDown(end, g.subcluster_size);
-  // Partial subclusters at either end: write zero bytes unless they already
-  // read as zero.
-  auto zero_bytes = [&](uint64_t from, uint64_t to) -> absl::Status {
-    if (from >= to) return absl::OkStatus();
+  // Partial subclusters at either end get zero bytes written, unless they
+  // already read as zero.
+  auto needs_bytes = [&](uint64_t from, uint64_t to) -> absl::StatusOr<bool> {
+    if (from >= to) return false;
     ASSIGN_OR_RETURN(Extent e, Map(guest + from, to - from));
-    if (e.length >= to - from &&
-        (e.kind == Extent::kZero ||
-         (e.kind == Extent::kUnallocated && !backing_))) {
-      return absl::OkStatus();
-    }
-    return WriteClusterNow(cluster, from,
-                        absl::MakeConstSpan(ZeroCluster2M().data(), to - from));
+    return !(e.length >= to - from &&
+             (e.kind == Extent::kZero ||
+              (e.kind == Extent::kUnallocated && !backing_)));
   };
-  if (first_full >= last_full) return zero_bytes(in_cluster, end);
-  RETURN_IF_ERROR(zero_bytes(in_cluster, first_full));
-  RETURN_IF_ERROR(zero_bytes(last_full, end));
+  // Planned (the caller's executor writes them with no lock held, and its
+  // Finish commits them), or written at once.
+  auto zero_bytes = [&](uint64_t from, uint64_t to, bool planned) {
+    const auto zeros = absl::MakeConstSpan(ZeroCluster2M().data(), to - from);
+    return planned ? PlanWriteCluster(cluster, from, zeros, plan)
+                   : WriteClusterNow(cluster, from, zeros);
+  };
+  if (first_full >= last_full) {
+    ASSIGN_OR_RETURN(bool need, needs_bytes(in_cluster, end));
+    if (!need) return absl::OkStatus();
+    return zero_bytes(in_cluster, end, plan != nullptr);
+  }
+  ASSIGN_OR_RETURN(bool head, needs_bytes(in_cluster, first_full));
+  ASSIGN_OR_RETURN(bool tail, needs_bytes(last_full, end));
+  // The zero flags of the whole subclusters are set below, at once. Byte
+  // writes at either end may be planned when nothing done here moves them:
+  // into a cluster we own, in place; or one of them, into a cluster with no
+  // host cluster yet. Both, into such a cluster, would each allocate one:
+  // then one planned write of zero bytes over the whole range does it all.
+  // A compressed or shared cluster is first copied into one of our own, at
+  // once.
+  bool planned = false;
+  if (plan != nullptr && (head || tail)) {
+    ASSIGN_OR_RETURN(L2Ref now, L2ForWrite(cluster));
+    const uint64_t e = now.entry();
+    const uint64_t host = e & kEntryOffsetMask;
+    if (!(e & kOflagCompressed) && host == 0 && head && tail) {
+      return zero_bytes(in_cluster, end, true);
+    }
+    if (!(e & kOflagCompressed)) {
+      planned = host == 0 || (e & kOflagCopied);
+    }
+  }
+  if (head) RETURN_IF_ERROR(zero_bytes(in_cluster, first_full, planned));
+  if (tail) RETURN_IF_ERROR(zero_bytes(last_full, end, planned));
   ASSIGN_OR_RETURN(L2Ref ref, L2ForWrite(cluster));
   uint64_t entry = ref.entry();
   if (entry & kOflagCompressed) {
@@ -154,7 +182,7 @@ absl::Status Qcow2Layer::Zero(uint64_t offset, uint64_t len,
     if (whole) {
       s = ZeroCluster(cluster, free_clusters);
     } else if (g.extended_l2) {
-      s = ZeroSubclusters(cluster, in_cluster, n);
+      s = ZeroSubclusters(cluster, in_cluster, n, plan);
     } else {
       ASSIGN_OR_RETURN(Extent e, Map(cur, n));
       bool reads_zero = e.length >= n &&
