@@ -15,14 +15,17 @@
 //    caches and allocator are shared among them safely.
 //  - Requests from any queues that touch different guest clusters run in
 //    parallel, allocating or not; no lock is held while data moves, while
-//    an L2 table slice or the refcount block a new cluster needs comes off
-//    the disk, nor while a flush, or a request that evicted dirty metadata
-//    from a cache or had a cache written out (a discard, a commit), writes
+//    the L2 table slices and refcount blocks a request needs come off the
+//    disk (a write, write-zeroes or discard looks them up before it
+//    changes anything), while the file is grown ahead of new clusters,
+//    nor while a flush, or a request that evicted dirty metadata from a
+//    cache or had a cache written out (a discard, a commit), writes
 //    metadata back, nor while a flush fills clusters whose copy-on-write
-//    was deferred or discards the clusters it freed (the rest of the
-//    metadata I/O still runs under the image's metadata lock:
-//    docs/architecture.md). Such write-backs, fills and discards are
-//    blocking calls on the thread that polls the request's queue. A
+//    was deferred or discards the clusters it freed. What metadata I/O
+//    is left under the image's metadata lock (docs/architecture.md) is
+//    counted in IoStats::host_calls_under_lock. Such write-backs, fills,
+//    discards and growth are blocking calls on the thread that polls the
+//    request's queue. A
 //    flush may wait for another flush's fill or metadata write-back in
 //    progress (flushes that wait share one write-back), never for a queue
 //    to be polled.
