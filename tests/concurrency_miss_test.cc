@@ -404,6 +404,81 @@ TEST(MissDeferral, AFreedClustersRefcountBlockIsReadWithoutTheLock) {
   EXPECT_TRUE(std::equal(rest.begin(), rest.end(), all.begin() + mid + 65536));
 }
 
+// A discard of many more clusters than one probe looks at (1,024) goes a
+// window at a time, each window's tables read with no lock held before it
+// is changed: no host call is made under the lock, however far the range
+// reaches into tables not cached. Before, only the first window's were.
+// A 32 MiB image made by CreateFilled with 4 KiB clusters (8,192 of them,
+// eight times what one probe window looks at), open read-write with
+// 512-byte L2 slices (64 clusters each) and room for all of them.
+std::unique_ptr<Image> OpenManyClusters(TempDir& dir, std::string* path) {
+  *path = dir.File("img.qcow2");
+  std::unique_ptr<Image> image = CreateFilled(*path, 32 << 20, 4096);
+  EXPECT_NE(image, nullptr);
+  if (image == nullptr) return nullptr;
+  EXPECT_OK(image->Close());
+  OpenOptions oo;
+  oo.read_write = true;
+  oo.l2_slice_bytes = 512;
+  oo.l2_cache_bytes = 256 << 10;
+  absl::StatusOr<std::unique_ptr<Image>> open = Image::Open(*path, oo);
+  EXPECT_OK(open.status());
+  return open.ok() ? std::move(*open) : nullptr;
+}
+
+TEST(MissDeferral, ALongDiscardReadsEveryWindowsTablesWithoutTheLock) {
+  TempDir dir;
+  std::string path;
+  const uint64_t disk = 32 << 20;
+  std::unique_ptr<Image> image = OpenManyClusters(dir, &path);
+  ASSERT_NE(image, nullptr);
+  const uint64_t from = 4096 + 512;  // a partial cluster at either end
+  const uint64_t len = disk - from - 1024;
+  ASSERT_OK(image->Discard(from, len));
+  const IoStats st = image->GetStats();
+  EXPECT_GT(st.l2_read_bytes, 8u * 512);
+  EXPECT_EQ(st.host_calls_under_lock, 0u);
+  EXPECT_EQ(st.guest_discard_ops, 1u);
+  std::vector<uint8_t> got(disk);
+  ASSERT_OK(image->Read(0, absl::MakeSpan(got)));
+  const std::vector<uint8_t> head = Pattern(1 << 20, 0, from);
+  EXPECT_TRUE(std::equal(head.begin(), head.end(), got.begin()));
+  EXPECT_TRUE(std::all_of(got.begin() + from, got.begin() + from + len,
+                          [](uint8_t c) { return c == 0; }));
+  const std::vector<uint8_t> tail = Pattern(1 << 20, from + len, 1024);
+  EXPECT_TRUE(std::equal(tail.begin(), tail.end(), got.begin() + from + len));
+  ASSERT_OK(image->Close());
+  if (!testing::HaveQemu()) return;
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> all,
+                       testing::QemuCheckedReadAll(path));
+  EXPECT_EQ(all, got);
+}
+
+// A write over more clusters than a window (an 8 MiB write of 4 KiB
+// clusters, in place) probes all of them before it plans, going on from
+// where each round stopped: every L2 slice it needs is read with no lock
+// held. Before, the probe looked at the first 1,024 clusters only.
+TEST(MissDeferral, ALongWriteReadsAllItsTablesWithoutTheLock) {
+  TempDir dir;
+  std::string path;
+  std::unique_ptr<Image> image = OpenManyClusters(dir, &path);
+  ASSERT_NE(image, nullptr);
+  std::vector<uint8_t> data(8 << 20);
+  testing::FillPseudoRandom(41, absl::MakeSpan(data));
+  const uint64_t at = (12 << 20) + 512;
+  ASSERT_OK(image->Write(at, data));
+  const IoStats st = image->GetStats();
+  EXPECT_GE(st.l2_read_bytes, 32u * 512);
+  EXPECT_EQ(st.host_calls_under_lock, 0u);
+  ASSERT_OK(image->Close());
+  if (!testing::HaveQemu()) return;
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> all,
+                       testing::QemuCheckedReadAll(path));
+  EXPECT_TRUE(std::equal(data.begin(), data.end(), all.begin() + at));
+  const std::vector<uint8_t> before = Pattern(1 << 20, at - 512, 512);
+  EXPECT_TRUE(std::equal(before.begin(), before.end(), all.begin() + at - 512));
+}
+
 // A small write into an overlay whose backing file's L2 slice for the
 // cluster is not cached reads that slice before it allocates anything,
 // with no lock held: requests elsewhere complete meanwhile. Before, the

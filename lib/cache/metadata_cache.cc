@@ -21,16 +21,12 @@ MissDeferral::MissDeferral(const IoPlan* plan, bool even_with_work)
 
 MissDeferral::~MissDeferral() { t_deferral = saved_; }
 
-void MissDeferral::Stop() {
-  if (t_deferral != nullptr && !t_deferral->deferred()) {
-    t_deferral->stopped_ = true;
-  }
-}
+MissDeferral::Paused::Paused() : saved_(t_deferral) { t_deferral = nullptr; }
+MissDeferral::Paused::~Paused() { t_deferral = saved_; }
 
 MissDeferral* MissDeferral::Active() {
   MissDeferral* d = t_deferral;
-  if (d == nullptr || d->stopped_) return nullptr;
-  if (d->deferred() || d->even_with_work_) return d;
+  if (d == nullptr || d->deferred() || d->even_with_work_) return d;
   const IoPlan* p = d->plan_;
   if (!p->reads.empty() || !p->writes.empty() || !p->commits.empty() ||
       !p->aborts.empty() || !p->after_reads.empty()) {

@@ -59,10 +59,20 @@ class MissDeferral {
 
   // The deferral in force on this thread, if a miss may be deferred now.
   static MissDeferral* Active();
-  // From here on, the deferral in force on this thread (if any) defers
-  // nothing: what follows changes metadata as it goes, which dropping the
-  // plan would not undo. A probe of what it needs comes first.
-  static void Stop();
+  // While one lives, no deferral is in force on this thread: what runs
+  // meanwhile changes metadata as it goes, which dropping the plan would
+  // not undo, so a miss is read at once. (A probe of what it needs comes
+  // first, under the deferral.)
+  class Paused {
+   public:
+    Paused();
+    ~Paused();
+    Paused(const Paused&) = delete;
+    Paused& operator=(const Paused&) = delete;
+
+   private:
+    MissDeferral* const saved_;
+  };
 
   bool deferred() const { return cache != nullptr; }
 
@@ -78,7 +88,6 @@ class MissDeferral {
  private:
   const IoPlan* const plan_;
   const bool even_with_work_;
-  bool stopped_ = false;
   MissDeferral* const saved_;
 };
 

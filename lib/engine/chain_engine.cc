@@ -229,8 +229,9 @@ void Chain::PlanLocked(Request* r) {
         }
         const bool fine = r->lock_fine;
         PlanDeferringMisses(r, [&] {
-          return top->PlanWrite(
-              r->offset, absl::MakeConstSpan(r->wbuf, r->len), &r->plan, fine);
+          return top->PlanWrite(r->offset,
+                                absl::MakeConstSpan(r->wbuf, r->len),
+                                &r->plan, fine, &r->probe);
         });
       } else {
         IoOp op;
@@ -257,7 +258,8 @@ void Chain::PlanLocked(Request* r) {
       // the executor.
       if (top != nullptr) {
         PlanDeferringMisses(r, [&] {
-          return top->Zero(r->offset, r->len, discard || r->unmap, &r->plan);
+          return top->Zero(r->offset, r->len, discard || r->unmap, &r->plan,
+                           &r->zero_done);
         });
       } else {
         // A raw file: one zero-range call, run by the executor.

@@ -98,6 +98,14 @@ class IoPlan {
   std::vector<std::unique_ptr<uint8_t, Free>> buffers_;
 };
 
+// How far a probe of what planning needs (Qcow2Layer::ProbeChange) got in
+// the rounds of one request that stopped at deferred misses: the next
+// round goes on from there.
+struct ProbeProgress {
+  uint64_t clusters_done = 0;
+  bool allocates = false;  // a cluster probed so far may need allocation
+};
+
 // Counts a finished I/O into `stats`.
 void CountIo(const IoOp& op, bool write, IoStats* stats);
 

@@ -73,6 +73,12 @@ struct Request {
   // and must wait for them.
   bool parked = false;
   bool counted = false;   // guest counters added (once per request)
+  // Write-zeroes and discard: how much of the range's whole clusters is
+  // zeroed already, by rounds of planning that stopped at a deferred miss
+  // (Qcow2Layer::Zero).
+  uint64_t zero_done = 0;
+  // A write: how far the probe before its planning got (ProbeChange).
+  ProbeProgress probe;
   File* flush_file = nullptr;  // kFlush: the file to flush
   // kFlush with pending clusters (deferred copy-on-write) to fill first:
   // while `filling`, the plan holds the fill's I/O and `fill_locks` hold

@@ -79,9 +79,12 @@ class Qcow2Layer : public Layer {
   // L2 updates into its commits. The caller holds the guest clusters
   // exclusively until the plan is committed or aborted; with `fine`, it
   // holds only the write's own bytes (rounded to kFineLockBytes), which
-  // FineWritable() must have allowed under the same lock.
+  // FineWritable() must have allowed under the same lock. Under a
+  // MissDeferral, what planning needs is probed first (ProbeChange), all
+  // of the write's clusters, going on from `probe` when given.
   absl::Status PlanWrite(uint64_t offset, absl::Span<const uint8_t> data,
-                         IoPlan* plan, bool fine = false);
+                         IoPlan* plan, bool fine = false,
+                         ProbeProgress* probe = nullptr);
 
   // --- Writes under a byte-range lock, and deferred copy-on-write
   // (qcow2_pending.cc).
@@ -145,11 +148,15 @@ class Qcow2Layer : public Layer {
   // once. Zero bytes written into part of a cluster (or, with extended
   // L2, of a subcluster) are planned into `plan` when given (the caller
   // runs and commits it, holding the cluster), else written at once. Still
-  // written at once: both ends of a range that covers whole subclusters of
-  // a cluster with no host cluster of ours, the copy of a compressed or
-  // shared cluster taken first, and version 2 images' zeroing.
+  // written at once: the copy of a compressed or shared cluster taken
+  // before its subclusters are zeroed, and version 2 images' zeroing.
+  //
+  // Under a MissDeferral, the range is changed a window of kProbeClusters
+  // at a time, each probed first (ProbeChange): a miss there stops the
+  // call with the deferred miss, and `*done` says how far it got; call
+  // again with the same `done` once the entry is in.
   absl::Status Zero(uint64_t offset, uint64_t len, bool free_clusters,
-                    IoPlan* plan = nullptr);
+                    IoPlan* plan = nullptr, uint64_t* done = nullptr);
   absl::Status Flush() override;
   // Flush in three steps, so that the metadata write-back and the file
   // flush run without the caller's lock:
@@ -276,8 +283,11 @@ class Qcow2Layer : public Layer {
   // free cluster meets.
   // The first of these not cached stops it with the deferred miss, to be
   // read with no lock held; any other error is left to the planning that
-  // follows. Looks at kProbeClusters clusters at most.
-  absl::Status ProbeChange(uint64_t offset, uint64_t len, bool frees_owned);
+  // follows.
+  // With `progress`, every cluster of the range, from where earlier rounds
+  // of the request got; else kProbeClusters at most.
+  absl::Status ProbeChange(uint64_t offset, uint64_t len, bool frees_owned,
+                           ProbeProgress* progress = nullptr);
   // One cluster of ProbeChange; sets *allocates if changing it may
   // allocate (an L2 table, or a host cluster).
   absl::Status ProbeCluster(uint64_t cluster, bool partial, bool frees_owned,
@@ -342,6 +352,9 @@ class Qcow2Layer : public Layer {
   // entries that name them (the L1 part of a flush).
   absl::Status WriteL1Entries();
   absl::Status OrderL2AfterAllocation();
+  // Zero's walk over [offset, +len), changing as it goes.
+  absl::Status ZeroRange(uint64_t offset, uint64_t len, bool free_clusters,
+                         IoPlan* plan);
   absl::Status ZeroCluster(uint64_t cluster, bool free_clusters);
   absl::Status ZeroSubclusters(uint64_t cluster, uint64_t in_cluster,
                                uint64_t len, IoPlan* plan);

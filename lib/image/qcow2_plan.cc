@@ -450,22 +450,29 @@ absl::Status Qcow2Layer::ProbeCluster(uint64_t cluster, bool partial,
 }
 
 absl::Status Qcow2Layer::ProbeChange(uint64_t offset, uint64_t len,
-                                     bool frees_owned) {
+                                     bool frees_owned,
+                                     ProbeProgress* progress) {
   MissDeferral* d = MissDeferral::Active();
   if (d == nullptr || len == 0) return absl::OkStatus();
   const Geometry& g = map_->geometry();
   const uint64_t mask = g.cluster_size - 1;
   const uint64_t first = offset >> g.cluster_bits;
   const uint64_t last = (offset + len - 1) >> g.cluster_bits;
-  const uint64_t end = std::min(last + 1, first + kProbeClusters);
-  bool allocates = false;
-  for (uint64_t c = first; c < end; ++c) {
+  ProbeProgress local;
+  const uint64_t end = progress != nullptr
+                           ? last + 1
+                           : std::min(last + 1, first + kProbeClusters);
+  if (progress == nullptr) progress = &local;
+  for (uint64_t c = first + progress->clusters_done; c < end; ++c) {
     const bool partial = (c == first && (offset & mask) != 0) ||
                          (c == last && ((offset + len) & mask) != 0);
-    absl::Status s = ProbeCluster(c, partial, frees_owned, &allocates);
+    absl::Status s =
+        ProbeCluster(c, partial, frees_owned, &progress->allocates);
     if (!s.ok()) return d->deferred() ? s : absl::OkStatus();
+    // Found, or read in (and pinned) by an earlier round: not again.
+    progress->clusters_done = c + 1 - first;
   }
-  if (!allocates) return absl::OkStatus();
+  if (!progress->allocates) return absl::OkStatus();
   // And where a first allocation (a cluster, or an L2 table) would go.
   absl::Status s = refcounts_->ProbeAllocate();
   return !s.ok() && d->deferred() ? s : absl::OkStatus();
@@ -473,12 +480,14 @@ absl::Status Qcow2Layer::ProbeChange(uint64_t offset, uint64_t len,
 
 absl::Status Qcow2Layer::PlanWrite(uint64_t offset,
                                    absl::Span<const uint8_t> data,
-                                   IoPlan* plan, bool fine) {
+                                   IoPlan* plan, bool fine,
+                                   ProbeProgress* probe) {
   RETURN_IF_ERROR(PrepareWrite());
   // What planning will look up, looked at first: a table missing there is
   // read by the executor with no lock held (MissDeferral). Once the plan
   // holds an allocation, a miss is read at once, under the lock.
-  RETURN_IF_ERROR(ProbeChange(offset, data.size(), /*frees_owned=*/false));
+  RETURN_IF_ERROR(
+      ProbeChange(offset, data.size(), /*frees_owned=*/false, probe));
   const Geometry& g = map_->geometry();
   uint64_t pos = 0;
   while (pos < data.size()) {

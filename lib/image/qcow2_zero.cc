@@ -153,16 +153,42 @@ absl::Status Qcow2Layer::ZeroSubclusters(uint64_t cluster, uint64_t in_cluster,
 }
 
 absl::Status Qcow2Layer::Zero(uint64_t offset, uint64_t len,
-                              bool free_clusters, IoPlan* plan) {
+                              bool free_clusters, IoPlan* plan,
+                              uint64_t* done) {
   RETURN_IF_ERROR(PrepareWrite());
-  // Changes are made as the range is walked: a table missing on the way
-  // cannot be left for later then. What the walk needs is looked up first,
-  // while a miss can still be deferred (read with no lock held).
-  RETURN_IF_ERROR(ProbeChange(offset, len, free_clusters));
-  MissDeferral::Stop();
   // Clusters waiting for their L2 entry get it first (the caller holds
   // them whole, so no write to them is in flight).
   RETURN_IF_ERROR(SettlePendingIn(offset, len, /*drop_whole=*/true));
+  // Changes are made as the range is walked: a table missing on the way
+  // cannot be left for later then. So the walk goes a window of
+  // kProbeClusters at a time, each looked up first, while a miss can
+  // still be deferred (read with no lock held, the walk then going on
+  // from `*done`). The whole clusters come first; the partial ones at
+  // either end last, as they may put writes into the plan (which must be
+  // empty for a miss to be deferred).
+  const uint64_t cs = map_->geometry().cluster_size;
+  const uint64_t end = offset + len;
+  const uint64_t mid_begin = std::min(AlignUp(offset, cs), end);
+  const uint64_t mid_end = std::max(mid_begin, AlignDown(end, cs));
+  uint64_t none = 0;
+  if (done == nullptr) done = &none;
+  while (mid_begin + *done < mid_end) {
+    const uint64_t at = mid_begin + *done;
+    const uint64_t n = std::min(mid_end - at, kProbeClusters * cs);
+    RETURN_IF_ERROR(ProbeChange(at, n, free_clusters));
+    MissDeferral::Paused changes;
+    RETURN_IF_ERROR(ZeroRange(at, n, free_clusters, plan));
+    *done += n;
+  }
+  RETURN_IF_ERROR(ProbeChange(offset, mid_begin - offset, free_clusters));
+  RETURN_IF_ERROR(ProbeChange(mid_end, end - mid_end, free_clusters));
+  MissDeferral::Paused changes;
+  RETURN_IF_ERROR(ZeroRange(offset, mid_begin - offset, free_clusters, plan));
+  return ZeroRange(mid_end, end - mid_end, free_clusters, plan);
+}
+
+absl::Status Qcow2Layer::ZeroRange(uint64_t offset, uint64_t len,
+                                   bool free_clusters, IoPlan* plan) {
   const Geometry& g = map_->geometry();
   uint64_t pos = 0;
   while (pos < len) {
