@@ -65,6 +65,9 @@ absl::StatusOr<uint64_t> ClusterMap::L2TableFor(uint64_t cluster) {
   uint64_t l1_index = cluster / g_.l2_entries;
   if (l1_index >= l1_.size()) return 0;
   uint64_t e = l1_[l1_index];
+  if (l1_index < l1_checked_.size() && l1_checked_[l1_index]) {
+    return e & kEntryOffsetMask;
+  }
   if (e & kL1ReservedMask) {
     return Corrupt(absl::StrFormat("L1 entry %d (0x%016x) has reserved bits set",
                                    l1_index, e));
@@ -93,6 +96,8 @@ absl::StatusOr<uint64_t> ClusterMap::L2TableFor(uint64_t cluster) {
         "L2 table offset 0x%x in L1 entry %d overlaps %s", off, l1_index,
         MetadataSet::Name(kind)));
   }
+  if (l1_checked_.size() < l1_.size()) l1_checked_.resize(l1_.size());
+  l1_checked_[l1_index] = true;
   return off;
 }
 
@@ -123,6 +128,7 @@ void ClusterMap::TrackL1(bool add) {
 
 void ClusterMap::TrackMetadata(MetadataSet* metadata) {
   metadata_ = metadata;
+  l1_checked_.clear();
   TrackL1(true);
 }
 
@@ -138,11 +144,13 @@ void ClusterMap::SetL1(uint64_t index, uint64_t entry) {
     }
   }
   l1_[index] = entry;
+  if (index < l1_checked_.size()) l1_checked_[index] = false;
 }
 
 void ClusterMap::ReplaceL1(std::vector<uint64_t> l1, uint64_t offset) {
   if (metadata_ != nullptr) TrackL1(false);
   l1_ = std::move(l1);
+  l1_checked_.clear();
   l1_offset_ = offset;
   if (metadata_ != nullptr) TrackL1(true);
 }

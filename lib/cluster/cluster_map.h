@@ -83,7 +83,10 @@ class ClusterMap {
 
   // Bounds for validating offsets read from tables: the file size known at
   // open time, raised as tables are allocated.
-  void set_file_limit(uint64_t bytes) { file_limit_ = bytes; }
+  void set_file_limit(uint64_t bytes) {
+    file_limit_ = bytes;
+    l1_checked_.clear();
+  }
   void RaiseFileLimit(uint64_t bytes) {
     if (bytes > file_limit_) file_limit_ = bytes;
   }
@@ -101,6 +104,12 @@ class ClusterMap {
   const std::string filename_;
   const Geometry g_;
   std::vector<uint64_t> l1_;  // host byte order
+  // L1 indices whose entry L2TableFor has found sound (its table aligned,
+  // inside the file, clear of other metadata): not checked again until
+  // the entry, the L1 table, the file limit or the metadata tracking
+  // changes. (Metadata allocated later never overlaps a tracked table:
+  // the allocator refuses a cluster the image uses for metadata.)
+  std::vector<bool> l1_checked_;
   uint64_t l1_offset_;
   MetadataCache l2_cache_;
   uint64_t file_limit_ = kMaxHostOffset;
