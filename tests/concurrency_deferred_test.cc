@@ -15,6 +15,7 @@
 #include "qcow2/queue.h"
 #include "tests/util/gate_file.h"
 #include "tests/util/model.h"
+#include "tests/util/qemu_images.h"
 #include "tests/util/test_util.h"
 
 namespace qcow2 {
@@ -495,6 +496,40 @@ TEST_F(DeferredCowTest, PartialSubclusterWriteZeroesCopyWithoutTheLock) {
   }
   EXPECT_EQ(image->GetStats().host_calls_under_lock, 0u);
   CloseAndVerify();
+}
+
+// Write-zeroes over part of a compressed cluster of an extended-L2 image
+// (no subclusters until it is copied) plans the copy: the old contents
+// are read and decompressed, the range zeroed, and the whole cluster
+// written with no lock held. Before, that copy was read and written under
+// the lock. The image is made by qemu-io, which writes compressed
+// clusters; qemu-img checks and reads the result.
+TEST(ZeroIntoCompressed, TheCopyIsPlanned) {
+  if (!testing::HaveQemu()) GTEST_SKIP() << "needs qemu-img and qemu-io";
+  TempDir dir;
+  const std::string path = dir.File("img.qcow2");
+  testing::QemuImageSpec spec;
+  spec.size = 8 << 20;
+  spec.extended_l2 = true;
+  ASSERT_OK(testing::QemuCreate(path, spec));
+  ASSERT_OK(testing::QemuIo(path, {"write -c -P 7 0 64k",
+                                    "write -P 8 64k 64k"}));
+  OpenOptions oo;
+  oo.read_write = true;
+  ASSERT_OK_AND_ASSIGN(auto image, Image::Open(path, oo));
+  // A partial 2 KiB subcluster at either end, two whole ones between; then
+  // the same in the second cluster, in place.
+  ASSERT_OK(image->WriteZeroes(1024, 6144, false));
+  ASSERT_OK(image->WriteZeroes(kCluster + 1024, 6144, false));
+  EXPECT_EQ(image->GetStats().host_calls_under_lock, 0u);
+  ASSERT_OK(image->Close());
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> all,
+                       testing::QemuCheckedReadAll(path));
+  std::vector<uint8_t> want(2 * kCluster, 7);
+  std::fill(want.begin() + kCluster, want.end(), 8);
+  std::fill_n(want.begin() + 1024, 6144, 0);
+  std::fill_n(want.begin() + kCluster + 1024, 6144, 0);
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), all.begin()));
 }
 
 // Opens the top image behind a gate on 512-byte reads (its L2 slices, as

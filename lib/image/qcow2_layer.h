@@ -147,9 +147,8 @@ class Qcow2Layer : public Layer {
   // fully covered clusters are released. Metadata changes are made at
   // once. Zero bytes written into part of a cluster (or, with extended
   // L2, of a subcluster) are planned into `plan` when given (the caller
-  // runs and commits it, holding the cluster), else written at once. Still
-  // written at once: the copy of a compressed or shared cluster taken
-  // before its subclusters are zeroed, and version 2 images' zeroing.
+  // runs and commits it, holding the cluster), else written at once (and
+  // always on version 2 images).
   //
   // Under a MissDeferral, the range is changed a window of kProbeClusters
   // at a time, each probed first (ProbeChange): a miss there stops the

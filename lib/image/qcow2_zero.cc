@@ -1,6 +1,7 @@
 // Write-zeroes and discard for qcow2 layers: zero flags, zero subcluster
 // bitmaps, and releasing host clusters.
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "lib/cache/metadata_cache.h"
@@ -107,19 +108,28 @@ absl::Status Qcow2Layer::ZeroSubclusters(uint64_t cluster, uint64_t in_cluster,
   // into a cluster we own, in place; or one of them, into a cluster with no
   // host cluster yet. Both, into such a cluster, would each allocate one:
   // then one planned write of zero bytes over the whole range does it all.
-  // A compressed or shared cluster is first copied into one of our own, at
-  // once.
   bool planned = false;
-  if (plan != nullptr && (head || tail)) {
+  if (plan != nullptr) {
     ASSIGN_OR_RETURN(L2Ref now, L2ForWrite(cluster));
     const uint64_t e = now.entry();
     const uint64_t host = e & kEntryOffsetMask;
-    if (!(e & kOflagCompressed) && host == 0 && head && tail) {
-      return zero_bytes(in_cluster, end, true);
+    if ((e & kOflagCompressed) || (host != 0 && !(e & kOflagCopied))) {
+      // Compressed (no subclusters) or shared (the other owner keeps it):
+      // a private copy is planned as one write of the whole cluster, its
+      // old contents read (and decompressed) into a buffer and the range
+      // zeroed there before the buffer is written.
+      uint8_t* buf = plan->Buffer(g.cluster_size);
+      RETURN_IF_ERROR(
+          PlanReadOld(e, now.bitmap(), guest, buf, g.cluster_size, plan));
+      plan->after_reads.push_back([buf, in_cluster, len] {
+        std::memset(buf + in_cluster, 0, len);
+        return absl::OkStatus();
+      });
+      return PlanWriteCluster(cluster, 0,
+                              absl::MakeConstSpan(buf, g.cluster_size), plan);
     }
-    if (!(e & kOflagCompressed)) {
-      planned = host == 0 || (e & kOflagCopied);
-    }
+    if (host == 0 && head && tail) return zero_bytes(in_cluster, end, true);
+    planned = true;
   }
   if (head) RETURN_IF_ERROR(zero_bytes(in_cluster, first_full, planned));
   if (tail) RETURN_IF_ERROR(zero_bytes(last_full, end, planned));
