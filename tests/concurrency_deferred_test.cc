@@ -532,6 +532,54 @@ TEST(ZeroIntoCompressed, TheCopyIsPlanned) {
   EXPECT_TRUE(std::equal(want.begin(), want.end(), all.begin()));
 }
 
+// Version 2 images have no zero flag: write-zeroes over whole clusters
+// writes zero bytes. Those writes are planned and run with no lock held,
+// whether they copy into the overlay (a backing file below) or zero a
+// cluster of ours in place (a zero-range call). Before, they ran under
+// the lock.
+TEST(ZeroOnVersion2, ZeroBytesArePlanned) {
+  TempDir dir;
+  const std::string base = dir.File("base.qcow2");
+  const std::string top = dir.File("top.qcow2");
+  CreateOptions co;
+  co.size = 4 << 20;
+  co.cluster_size = kCluster;
+  co.compat = "0.10";
+  ASSERT_OK(CreateImage(base, co));
+  {
+    OpenOptions oo;
+    oo.read_write = true;
+    ASSERT_OK_AND_ASSIGN(auto image, Image::Open(base, oo));
+    ASSERT_OK(image->Write(0, std::vector<uint8_t>(4 * kCluster, 3)));
+    ASSERT_OK(image->Close());
+  }
+  co.backing_file = "base.qcow2";
+  co.backing_format = "qcow2";
+  ASSERT_OK(CreateImage(top, co));
+  OpenOptions oo;
+  oo.read_write = true;
+  ASSERT_OK_AND_ASSIGN(auto image, Image::Open(top, oo));
+  ASSERT_OK(image->Write(2 * kCluster, std::vector<uint8_t>(kCluster, 4)));
+  // Over a backing file: cluster 1 gets a cluster of zeros, cluster 2
+  // (ours) zeros in place.
+  ASSERT_OK(image->WriteZeroes(kCluster, 2 * kCluster, false));
+  EXPECT_EQ(image->GetStats().host_calls_under_lock, 0u);
+  ASSERT_OK(image->Close());
+  // No backing file: a cluster of ours is kept, zeroed by a zero-range call.
+  ASSERT_OK_AND_ASSIGN(image, Image::Open(base, oo));
+  ASSERT_OK(image->WriteZeroes(3 * kCluster, kCluster, false));
+  EXPECT_EQ(image->GetStats().host_calls_under_lock, 0u);
+  EXPECT_EQ(image->GetStats().host_zero_ops, 1u);
+  ASSERT_OK(image->Close());
+  if (!testing::HaveQemu()) return;
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> all,
+                       testing::QemuCheckedReadAll(top));
+  std::vector<uint8_t> want(4 * kCluster, 3);
+  std::fill_n(want.begin() + kCluster, 2 * kCluster, 0);
+  std::fill_n(want.begin() + 3 * kCluster, kCluster, 0);  // from the base
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), all.begin()));
+}
+
 // Opens the top image behind a gate on 512-byte reads (its L2 slices, as
 // opened below) and the backing file behind one on the 60 KiB reads that
 // fill a cluster whose first 4 KiB were written.

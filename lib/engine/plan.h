@@ -103,7 +103,7 @@ class IoPlan {
 // round goes on from there.
 struct ProbeProgress {
   uint64_t clusters_done = 0;
-  bool allocates = false;  // a cluster probed so far may need allocation
+  uint64_t allocations = 0;  // clusters probed so far that may allocate
 };
 
 // Counts a finished I/O into `stats`.

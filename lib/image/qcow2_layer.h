@@ -147,8 +147,9 @@ class Qcow2Layer : public Layer {
   // fully covered clusters are released. Metadata changes are made at
   // once. Zero bytes written into part of a cluster (or, with extended
   // L2, of a subcluster) are planned into `plan` when given (the caller
-  // runs and commits it, holding the cluster), else written at once (and
-  // always on version 2 images).
+  // runs and commits it, holding the cluster), else written at once; so
+  // are the zero bytes of whole clusters on version 2 images (no zero
+  // flag there).
   //
   // Under a MissDeferral, the range is changed a window of kProbeClusters
   // at a time, each probed first (ProbeChange): a miss there stops the
@@ -287,10 +288,10 @@ class Qcow2Layer : public Layer {
   // of the request got; else kProbeClusters at most.
   absl::Status ProbeChange(uint64_t offset, uint64_t len, bool frees_owned,
                            ProbeProgress* progress = nullptr);
-  // One cluster of ProbeChange; sets *allocates if changing it may
-  // allocate (an L2 table, or a host cluster).
+  // One cluster of ProbeChange; counts it in *allocations if changing it
+  // may allocate (an L2 table, or a host cluster).
   absl::Status ProbeCluster(uint64_t cluster, bool partial, bool frees_owned,
-                            bool* allocates);
+                            uint64_t* allocations);
   static constexpr uint64_t kProbeClusters = 1024;
   absl::Status PlanWriteCluster(uint64_t cluster, uint64_t in_cluster,
                                 absl::Span<const uint8_t> data, IoPlan* plan,
@@ -354,7 +355,8 @@ class Qcow2Layer : public Layer {
   // Zero's walk over [offset, +len), changing as it goes.
   absl::Status ZeroRange(uint64_t offset, uint64_t len, bool free_clusters,
                          IoPlan* plan);
-  absl::Status ZeroCluster(uint64_t cluster, bool free_clusters);
+  absl::Status ZeroCluster(uint64_t cluster, bool free_clusters,
+                           IoPlan* plan);
   absl::Status ZeroSubclusters(uint64_t cluster, uint64_t in_cluster,
                                uint64_t len, IoPlan* plan);
 

@@ -411,7 +411,8 @@ absl::Status Qcow2Layer::PlanWriteCluster(uint64_t cluster,
 }
 
 absl::Status Qcow2Layer::ProbeCluster(uint64_t cluster, bool partial,
-                                      bool frees_owned, bool* allocates) {
+                                      bool frees_owned,
+                                      uint64_t* allocations) {
   const Geometry& g = map_->geometry();
   uint64_t entry = 0;
   uint64_t bitmap = 0;
@@ -427,7 +428,7 @@ absl::Status Qcow2Layer::ProbeCluster(uint64_t cluster, bool partial,
       (entry & (kOflagCompressed | kOflagCopied)) == kOflagCopied;
   if (table == 0 || !(map_->l1()[cluster / g.l2_entries] & kOflagCopied) ||
       host == 0 || !owned) {
-    *allocates = true;
+    ++*allocations;
   }
   if (entry & kOflagCompressed) {
     const CompressedExtent c = DecodeCompressed(entry, g.cluster_bits);
@@ -467,14 +468,15 @@ absl::Status Qcow2Layer::ProbeChange(uint64_t offset, uint64_t len,
     const bool partial = (c == first && (offset & mask) != 0) ||
                          (c == last && ((offset + len) & mask) != 0);
     absl::Status s =
-        ProbeCluster(c, partial, frees_owned, &progress->allocates);
+        ProbeCluster(c, partial, frees_owned, &progress->allocations);
     if (!s.ok()) return d->deferred() ? s : absl::OkStatus();
     // Found, or read in (and pinned) by an earlier round: not again.
     progress->clusters_done = c + 1 - first;
   }
-  if (!progress->allocates) return absl::OkStatus();
-  // And where a first allocation (a cluster, or an L2 table) would go.
-  absl::Status s = refcounts_->ProbeAllocate();
+  if (progress->allocations == 0) return absl::OkStatus();
+  // And where the allocations (clusters, and perhaps an L2 table) would
+  // go: the refcount blocks over as many free clusters.
+  absl::Status s = refcounts_->ProbeAllocate(progress->allocations + 1);
   return !s.ok() && d->deferred() ? s : absl::OkStatus();
 }
 

@@ -19,7 +19,8 @@ const std::vector<uint8_t>& ZeroCluster2M() {
 }
 }  // namespace
 
-absl::Status Qcow2Layer::ZeroCluster(uint64_t cluster, bool free_clusters) {
+absl::Status Qcow2Layer::ZeroCluster(uint64_t cluster, bool free_clusters,
+                                     IoPlan* plan) {
   const Geometry& g = map_->geometry();
   ASSIGN_OR_RETURN(L2Ref ref, map_->Lookup(cluster));
   if (ref.slice != nullptr &&
@@ -41,17 +42,28 @@ absl::Status Qcow2Layer::ZeroCluster(uint64_t cluster, bool free_clusters) {
   const bool keep = owned && !free_clusters;
 
   if (header_.version < 3) {
-    // No zero flag in version 2.
+    // No zero flag in version 2: zero bytes are written, planned (run by
+    // the caller's executor, committed at its Finish) when `plan` is given.
     if (backing_) {
-      return WriteClusterNow(cluster, 0,
-                          absl::MakeConstSpan(ZeroCluster2M().data(),
-                                              g.cluster_size));
+      const auto zeros =
+          absl::MakeConstSpan(ZeroCluster2M().data(), g.cluster_size);
+      return plan != nullptr ? PlanWriteCluster(cluster, 0, zeros, plan)
+                             : WriteClusterNow(cluster, 0, zeros);
     }
     if (keep) {
       RETURN_IF_ERROR(CheckDataTarget(host, g.cluster_size));
+      NoteDataWritten(host);
+      if (plan != nullptr) {
+        IoOp op;
+        op.file = file_.get();
+        op.offset = host;
+        op.bytes = g.cluster_size;
+        op.zero_range = true;
+        plan->writes.push_back(std::move(op));
+        return absl::OkStatus();
+      }
       CountMetadata(&IoStats::host_zero_ops, 1);
       CountMetadata(&IoStats::host_zero_bytes, g.cluster_size);
-      NoteDataWritten(host);
       return file_->WriteZeroes(host, g.cluster_size);
     }
     if (entry == 0) return absl::OkStatus();
@@ -216,7 +228,7 @@ absl::Status Qcow2Layer::ZeroRange(uint64_t offset, uint64_t len,
         (in_cluster == 0 && cur + n == header_.size && !backing_);
     absl::Status s;
     if (whole) {
-      s = ZeroCluster(cluster, free_clusters);
+      s = ZeroCluster(cluster, free_clusters, plan);
     } else if (g.extended_l2) {
       s = ZeroSubclusters(cluster, in_cluster, n, plan);
     } else {

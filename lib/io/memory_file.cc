@@ -69,6 +69,20 @@ absl::Status MemoryFile::Truncate(uint64_t size) {
   return absl::OkStatus();
 }
 
+absl::Status MemoryFile::Reserve(uint64_t offset, uint64_t len) {
+  NoteHostCall();
+  if (auto s = CheckWritable(); !s.ok()) return s;
+  if (offset + len > store_->max_size) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(name_, ": no space left to reserve up to ", offset + len,
+                     " (size limit ", store_->max_size, ")"));
+  }
+  std::lock_guard<std::mutex> lock(store_->mu);
+  // Only ever longer: a write past the old end may have landed meanwhile.
+  if (store_->bytes.size() < offset + len) store_->bytes.resize(offset + len);
+  return absl::OkStatus();
+}
+
 absl::Status MemoryFile::WriteZeroes(uint64_t offset, uint64_t len) {
   NoteHostCall();
   if (auto s = CheckWritable(); !s.ok()) return s;

@@ -34,6 +34,7 @@ class MemoryFile : public File {
   absl::Status Flush() override { return absl::OkStatus(); }
   absl::StatusOr<uint64_t> Size() override;
   absl::Status Truncate(uint64_t size) override;
+  absl::Status Reserve(uint64_t offset, uint64_t len) override;
   absl::Status WriteZeroes(uint64_t offset, uint64_t len) override;
   const std::string& name() const override { return name_; }
 

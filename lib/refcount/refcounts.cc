@@ -376,6 +376,16 @@ absl::Status Refcounts::Update(uint64_t offset, uint64_t len, int64_t delta) {
   return absl::OkStatus();
 }
 
+absl::Status Refcounts::ProbeAllocate(uint64_t n) {
+  uint64_t found = 0;
+  for (uint64_t c = free_hint_; found < n; ++c) {
+    if ((c + 1) << cluster_bits_ > kMaxHostOffset) break;
+    ASSIGN_OR_RETURN(uint64_t rc, Get(c, /*may_defer=*/true));
+    if (rc == 0 && !Quarantined(c, 1)) ++found;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<uint64_t> Refcounts::Allocate(uint64_t n) {
   while (true) {
     ASSIGN_OR_RETURN(uint64_t start, FindFree(n));

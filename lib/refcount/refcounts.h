@@ -80,9 +80,10 @@ class Refcounts {
   // offset of the first. Fails with kDataLoss if the search meets a cluster
   // with refcount 0 that holds tracked metadata (corrupt refcounts).
   absl::StatusOr<uint64_t> Allocate(uint64_t n);
-  // Looks for the cluster Allocate(1) would return, changing nothing (the
-  // refcount blocks the search meets may be deferred misses).
-  absl::Status ProbeAllocate() { return FindFree(1).status(); }
+  // Looks for the clusters `n` calls of Allocate(1) would return (free
+  // ones from the search's starting point on), changing nothing: the
+  // refcount blocks the search meets may be deferred misses.
+  absl::Status ProbeAllocate(uint64_t n);
 
   // Writes dirty refcount blocks (not the file flush) and lets clusters
   // freed before this call be reused once the caller has flushed the file.
