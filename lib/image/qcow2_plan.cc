@@ -423,29 +423,28 @@ absl::Status Qcow2Layer::ProbeCluster(uint64_t cluster, bool partial,
     bitmap = ref.bitmap();
   }
   const uint64_t host = entry & kEntryOffsetMask;
-  // A new L2 table, or a new host cluster for the data, may be needed.
-  const bool owned =
-      (entry & (kOflagCompressed | kOflagCopied)) == kOflagCopied;
-  if (table == 0 || !(map_->l1()[cluster / g.l2_entries] & kOflagCopied) ||
-      host == 0 || !owned) {
-    ++*allocations;
-  }
   if (entry & kOflagCompressed) {
     const CompressedExtent c = DecodeCompressed(entry, g.cluster_bits);
     const uint64_t last = (c.host_offset + c.length - 1) >> g.cluster_bits;
     for (uint64_t h = c.host_offset >> g.cluster_bits; h <= last; ++h) {
       RETURN_IF_ERROR(refcounts_->Get(h, /*may_defer=*/true).status());
     }
-    return absl::OkStatus();
-  }
-  if (host != 0 && (frees_owned || !(entry & kOflagCopied))) {
+  } else if (host != 0 && (frees_owned || !(entry & kOflagCopied))) {
     RETURN_IF_ERROR(
         refcounts_->Get(host >> g.cluster_bits, /*may_defer=*/true).status());
   }
-  if (partial && host == 0 && backing_zero_) {
+  if (partial && host == 0 && !(entry & kOflagCompressed) && backing_zero_) {
     RETURN_IF_ERROR(
         KnownZero(entry, bitmap, cluster << g.cluster_bits, g.cluster_size)
             .status());
+  }
+  // Counted once the cluster is through (a round stopped here probes it
+  // again): a new L2 table, or a new host cluster, may be needed.
+  const bool owned =
+      (entry & (kOflagCompressed | kOflagCopied)) == kOflagCopied;
+  if (table == 0 || !(map_->l1()[cluster / g.l2_entries] & kOflagCopied) ||
+      host == 0 || !owned) {
+    ++*allocations;
   }
   return absl::OkStatus();
 }
