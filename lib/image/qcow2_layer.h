@@ -141,22 +141,19 @@ class Qcow2Layer : public Layer {
   // PlanFill, carried out at once (blocking I/O, under the caller's lock)
   // and committed.
   absl::Status Materialize(uint64_t cluster);
-  // Plans and carries out a write at once (blocking I/O).
-  absl::Status Write(uint64_t offset, absl::Span<const uint8_t> data);
   // Makes the range read as zeros; with `free_clusters`, host clusters of
   // fully covered clusters are released. Metadata changes are made at
   // once. Zero bytes written into part of a cluster (or, with extended
-  // L2, of a subcluster) are planned into `plan` when given (the caller
-  // runs and commits it, holding the cluster), else written at once; so
-  // are the zero bytes of whole clusters on version 2 images (no zero
-  // flag there).
+  // L2, of a subcluster), and into whole clusters on version 2 images (no
+  // zero flag there), are planned into `plan`: the caller runs and commits
+  // it, holding the clusters.
   //
   // Under a MissDeferral, the range is changed a window of kProbeClusters
   // at a time, each probed first (ProbeChange): a miss there stops the
   // call with the deferred miss, and `*done` says how far it got; call
   // again with the same `done` once the entry is in.
   absl::Status Zero(uint64_t offset, uint64_t len, bool free_clusters,
-                    IoPlan* plan = nullptr, uint64_t* done = nullptr);
+                    IoPlan* plan, uint64_t* done = nullptr);
   absl::Status Flush() override;
   // Flush in three steps, so that the metadata write-back and the file
   // flush run without the caller's lock:
@@ -312,12 +309,6 @@ class Qcow2Layer : public Layer {
   // [offset, +len) inside one cluster whose L2 entry is `entry`/`bitmap`.
   absl::Status PlanReadOld(uint64_t entry, uint64_t bitmap, uint64_t offset,
                            uint8_t* dest, uint64_t len, IoPlan* plan);
-  // The same, carried out at once.
-  absl::Status ReadOld(uint64_t entry, uint64_t bitmap, uint64_t offset,
-                       absl::Span<uint8_t> buf);
-  // Plans, carries out and commits the write of `data` into one cluster.
-  absl::Status WriteClusterNow(uint64_t cluster, uint64_t in_cluster,
-                               absl::Span<const uint8_t> data);
   // Drops the reference the (validated) L2 entry `entry`/`bitmap` of guest
   // offset `guest` holds on its host cluster(s).
   absl::Status ReleaseHost(uint64_t entry, uint64_t bitmap, uint64_t guest);
@@ -336,11 +327,11 @@ class Qcow2Layer : public Layer {
   // (fallocate for POSIX files), so such writes do not allocate blocks
   // either. Close() gives back what was not used.
   //
-  // With `plan`, the step is only recorded there (IoPlan::grow_file): the
-  // executor reserves it with no lock held (File::Reserve) before the
-  // plan's writes; a fallocate of 256 MiB takes tens of milliseconds. Where
+  // The step is only recorded in `plan` (IoPlan::grow_file): the executor
+  // reserves it with no lock held (File::Reserve) before the plan's
+  // writes; a fallocate of 256 MiB takes tens of milliseconds. Where
   // Reserve is not implemented, the file grows here (File::Extend).
-  absl::Status GrowAhead(uint64_t end, IoPlan* plan = nullptr);
+  absl::Status GrowAhead(uint64_t end, IoPlan* plan);
   // Called when a write into the host cluster at `host` has committed (a
   // new cluster) or is planned (in place): the file must keep that
   // cluster.
@@ -359,6 +350,9 @@ class Qcow2Layer : public Layer {
                            IoPlan* plan);
   absl::Status ZeroSubclusters(uint64_t cluster, uint64_t in_cluster,
                                uint64_t len, IoPlan* plan);
+  // Whether [offset, +len) of this layer reads as zeros from metadata
+  // alone (zero, or unallocated with no backing file).
+  absl::StatusOr<bool> ReadsAsZeroHere(uint64_t offset, uint64_t len);
 
   std::unique_ptr<File> file_;
   // Over file_, for every metadata write and file flush of the layer's

@@ -140,16 +140,6 @@ absl::Status Qcow2Layer::PlanReadOld(uint64_t entry, uint64_t bitmap,
       });
 }
 
-absl::Status Qcow2Layer::ReadOld(uint64_t entry, uint64_t bitmap,
-                                 uint64_t offset, absl::Span<uint8_t> buf) {
-  IoPlan plan;
-  RETURN_IF_ERROR(
-      PlanReadOld(entry, bitmap, offset, buf.data(), buf.size(), &plan));
-  RETURN_IF_ERROR(RunPlanIo(plan, CurrentStats()));
-  for (auto& commit : plan.commits) RETURN_IF_ERROR(commit());
-  return absl::OkStatus();
-}
-
 absl::StatusOr<bool> Qcow2Layer::KnownZero(uint64_t entry, uint64_t bitmap,
                                            uint64_t offset, uint64_t len) {
   if (entry & kOflagCompressed) return len == 0;
@@ -506,40 +496,6 @@ absl::Status Qcow2Layer::PlanWrite(uint64_t offset,
   RETURN_IF_ERROR(
       GrowAhead(refcounts_->end_cluster() << g.cluster_bits, plan));
   plan->CoalesceWrites();
-  return absl::OkStatus();
-}
-
-absl::Status Qcow2Layer::WriteClusterNow(uint64_t cluster, uint64_t in_cluster,
-                                         absl::Span<const uint8_t> data) {
-  IoPlan plan;
-  absl::Status s = PlanWriteCluster(cluster, in_cluster, data, &plan);
-  if (s.ok()) s = RunPlanIo(plan, CurrentStats());
-  if (!s.ok()) {
-    for (auto& abort : plan.aborts) abort();
-    return s;
-  }
-  for (auto& commit : plan.commits) RETURN_IF_ERROR(commit());
-  return absl::OkStatus();
-}
-
-absl::Status Qcow2Layer::Write(uint64_t offset,
-                               absl::Span<const uint8_t> data) {
-  IoPlan plan;
-  absl::Status s = PlanWrite(offset, data, &plan);
-  if (plan.grow_file != nullptr) {
-    absl::Status r =
-        plan.grow_file->Reserve(plan.grow_from, plan.grow_to - plan.grow_from);
-    if (!r.ok()) r = GrowWithoutReserve(r);
-    if (s.ok()) s = std::move(r);
-  }
-  if (s.ok()) s = RunPlanIo(plan, CurrentStats());
-  if (!s.ok()) {
-    for (auto& abort : plan.aborts) abort();
-    return s;
-  }
-  for (auto& commit : plan.commits) {
-    if (absl::Status c = commit(); !c.ok()) return Fail(std::move(c));
-  }
   return absl::OkStatus();
 }
 

@@ -345,8 +345,7 @@ absl::Status Qcow2Layer::GrowAhead(uint64_t end, IoPlan* plan) {
       std::clamp<uint64_t>(have / 4, uint64_t{1} << 20, uint64_t{256} << 20);
   const uint64_t cs = map_->geometry().cluster_size;
   const uint64_t target = (std::max(end, have + step) + cs - 1) / cs * cs;
-  if (plan != nullptr && !reserve_unsupported_ &&
-      plan->grow_file == nullptr) {
+  if (!reserve_unsupported_ && plan->grow_file == nullptr) {
     // Writes into [have, target) planned before the executor reserves it
     // extend the file themselves, which is sound, only slower.
     plan->grow_file = file_.get();

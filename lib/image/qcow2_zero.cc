@@ -19,6 +19,14 @@ const std::vector<uint8_t>& ZeroCluster2M() {
 }
 }  // namespace
 
+absl::StatusOr<bool> Qcow2Layer::ReadsAsZeroHere(uint64_t offset,
+                                                 uint64_t len) {
+  if (len == 0) return true;
+  ASSIGN_OR_RETURN(Extent e, Map(offset, len));
+  return e.length >= len && (e.kind == Extent::kZero ||
+                             (e.kind == Extent::kUnallocated && !backing_));
+}
+
 absl::Status Qcow2Layer::ZeroCluster(uint64_t cluster, bool free_clusters,
                                      IoPlan* plan) {
   const Geometry& g = map_->geometry();
@@ -42,29 +50,22 @@ absl::Status Qcow2Layer::ZeroCluster(uint64_t cluster, bool free_clusters,
   const bool keep = owned && !free_clusters;
 
   if (header_.version < 3) {
-    // No zero flag in version 2: zero bytes are written, planned (run by
-    // the caller's executor, committed at its Finish) when `plan` is given.
+    // No zero flag in version 2: zero bytes are written (planned).
     if (backing_) {
-      const auto zeros =
-          absl::MakeConstSpan(ZeroCluster2M().data(), g.cluster_size);
-      return plan != nullptr ? PlanWriteCluster(cluster, 0, zeros, plan)
-                             : WriteClusterNow(cluster, 0, zeros);
+      return PlanWriteCluster(
+          cluster, 0,
+          absl::MakeConstSpan(ZeroCluster2M().data(), g.cluster_size), plan);
     }
     if (keep) {
       RETURN_IF_ERROR(CheckDataTarget(host, g.cluster_size));
       NoteDataWritten(host);
-      if (plan != nullptr) {
-        IoOp op;
-        op.file = file_.get();
-        op.offset = host;
-        op.bytes = g.cluster_size;
-        op.zero_range = true;
-        plan->writes.push_back(std::move(op));
-        return absl::OkStatus();
-      }
-      CountMetadata(&IoStats::host_zero_ops, 1);
-      CountMetadata(&IoStats::host_zero_bytes, g.cluster_size);
-      return file_->WriteZeroes(host, g.cluster_size);
+      IoOp op;
+      op.file = file_.get();
+      op.offset = host;
+      op.bytes = g.cluster_size;
+      op.zero_range = true;
+      plan->writes.push_back(std::move(op));
+      return absl::OkStatus();
     }
     if (entry == 0) return absl::OkStatus();
     ref.Set(0, 0);
@@ -92,77 +93,49 @@ absl::Status Qcow2Layer::ZeroSubclusters(uint64_t cluster, uint64_t in_cluster,
   const uint64_t first_full = AlignUp(in_cluster, g.subcluster_size);
   const uint64_t end = in_cluster + len;
   const uint64_t last_full = AlignDown(end, g.subcluster_size);
-  // Partial subclusters at either end get zero bytes written, unless they
-  // already read as zero.
-  auto needs_bytes = [&](uint64_t from, uint64_t to) -> absl::StatusOr<bool> {
-    if (from >= to) return false;
-    ASSIGN_OR_RETURN(Extent e, Map(guest + from, to - from));
-    return !(e.length >= to - from &&
-             (e.kind == Extent::kZero ||
-              (e.kind == Extent::kUnallocated && !backing_)));
-  };
-  // Planned (the caller's executor writes them with no lock held, and its
-  // Finish commits them), or written at once.
-  auto zero_bytes = [&](uint64_t from, uint64_t to, bool planned) {
+  // Partial subclusters at either end get zero bytes written (planned),
+  // unless they already read as zero.
+  auto zero_bytes = [&](uint64_t from, uint64_t to) {
     const auto zeros = absl::MakeConstSpan(ZeroCluster2M().data(), to - from);
-    return planned ? PlanWriteCluster(cluster, from, zeros, plan)
-                   : WriteClusterNow(cluster, from, zeros);
+    return PlanWriteCluster(cluster, from, zeros, plan);
   };
   if (first_full >= last_full) {
-    ASSIGN_OR_RETURN(bool need, needs_bytes(in_cluster, end));
-    if (!need) return absl::OkStatus();
-    return zero_bytes(in_cluster, end, plan != nullptr);
+    ASSIGN_OR_RETURN(bool zero, ReadsAsZeroHere(guest + in_cluster, len));
+    return zero ? absl::OkStatus() : zero_bytes(in_cluster, end);
   }
-  ASSIGN_OR_RETURN(bool head, needs_bytes(in_cluster, first_full));
-  ASSIGN_OR_RETURN(bool tail, needs_bytes(last_full, end));
-  // The zero flags of the whole subclusters are set below, at once. Byte
-  // writes at either end may be planned when nothing done here moves them:
-  // into a cluster we own, in place; or one of them, into a cluster with no
-  // host cluster yet. Both, into such a cluster, would each allocate one:
-  // then one planned write of zero bytes over the whole range does it all.
-  bool planned = false;
-  if (plan != nullptr) {
-    ASSIGN_OR_RETURN(L2Ref now, L2ForWrite(cluster));
-    const uint64_t e = now.entry();
-    const uint64_t host = e & kEntryOffsetMask;
-    if ((e & kOflagCompressed) || (host != 0 && !(e & kOflagCopied))) {
-      // Compressed (no subclusters) or shared (the other owner keeps it):
-      // a private copy is planned as one write of the whole cluster, its
-      // old contents read (and decompressed) into a buffer and the range
-      // zeroed there before the buffer is written.
-      uint8_t* buf = plan->Buffer(g.cluster_size);
-      RETURN_IF_ERROR(
-          PlanReadOld(e, now.bitmap(), guest, buf, g.cluster_size, plan));
-      plan->after_reads.push_back([buf, in_cluster, len] {
-        std::memset(buf + in_cluster, 0, len);
-        return absl::OkStatus();
-      });
-      return PlanWriteCluster(cluster, 0,
-                              absl::MakeConstSpan(buf, g.cluster_size), plan);
-    }
-    if (host == 0 && head && tail) return zero_bytes(in_cluster, end, true);
-    planned = true;
-  }
-  if (head) RETURN_IF_ERROR(zero_bytes(in_cluster, first_full, planned));
-  if (tail) RETURN_IF_ERROR(zero_bytes(last_full, end, planned));
+  ASSIGN_OR_RETURN(
+      bool head_zero,
+      ReadsAsZeroHere(guest + in_cluster, first_full - in_cluster));
+  ASSIGN_OR_RETURN(bool tail_zero,
+                   ReadsAsZeroHere(guest + last_full, end - last_full));
   ASSIGN_OR_RETURN(L2Ref ref, L2ForWrite(cluster));
-  uint64_t entry = ref.entry();
-  if (entry & kOflagCompressed) {
-    // A compressed cluster has no subclusters: decompress it into a cluster
-    // of our own first, then zero the subclusters there.
-    std::vector<uint8_t> buf(g.cluster_size);
-    RETURN_IF_ERROR(ReadOld(entry, 0, guest, absl::MakeSpan(buf)));
-    RETURN_IF_ERROR(WriteClusterNow(cluster, 0, buf));
-    ASSIGN_OR_RETURN(ref, L2ForWrite(cluster));
-    entry = ref.entry();
-  } else if ((entry & kEntryOffsetMask) != 0 && !(entry & kOflagCopied)) {
-    // Shared cluster: take a private copy so the other owner is untouched.
-    std::vector<uint8_t> buf(g.cluster_size);
-    RETURN_IF_ERROR(ReadOld(entry, ref.bitmap(), guest, absl::MakeSpan(buf)));
-    RETURN_IF_ERROR(WriteClusterNow(cluster, 0, buf));
-    ASSIGN_OR_RETURN(ref, L2ForWrite(cluster));
-    entry = ref.entry();
+  const uint64_t entry = ref.entry();
+  const uint64_t host = entry & kEntryOffsetMask;
+  if ((entry & kOflagCompressed) || (host != 0 && !(entry & kOflagCopied))) {
+    // Compressed (no subclusters) or shared (the other owner keeps it): a
+    // private copy, as one write of the whole cluster, its old contents
+    // read (and decompressed) into a buffer and the range zeroed there
+    // before the buffer is written.
+    uint8_t* buf = plan->Buffer(g.cluster_size);
+    RETURN_IF_ERROR(
+        PlanReadOld(entry, ref.bitmap(), guest, buf, g.cluster_size, plan));
+    plan->after_reads.push_back([buf, in_cluster, len] {
+      std::memset(buf + in_cluster, 0, len);
+      return absl::OkStatus();
+    });
+    return PlanWriteCluster(cluster, 0,
+                            absl::MakeConstSpan(buf, g.cluster_size), plan);
   }
+  // Both ends into a cluster with no host cluster yet would each allocate
+  // one: one write of zero bytes over the whole range does it all.
+  if (host == 0 && !head_zero && !tail_zero) {
+    return zero_bytes(in_cluster, end);
+  }
+  // Else the byte writes (in place, or one allocation) are planned, and
+  // the whole subclusters between get their zero flags now.
+  if (!head_zero) RETURN_IF_ERROR(zero_bytes(in_cluster, first_full));
+  if (!tail_zero) RETURN_IF_ERROR(zero_bytes(last_full, end));
+  ASSIGN_OR_RETURN(ref, L2ForWrite(cluster));
   const uint64_t bitmap = ref.bitmap();
   const int sc0 = static_cast<int>(first_full / g.subcluster_size);
   const int sc1 = static_cast<int>(last_full / g.subcluster_size) - 1;
@@ -170,7 +143,7 @@ absl::Status Qcow2Layer::ZeroSubclusters(uint64_t cluster, uint64_t in_cluster,
       ((1ull << (sc1 + 1)) - 1) & ~((1ull << sc0) - 1));
   const uint32_t alloc = static_cast<uint32_t>(bitmap) & ~mask;
   const uint32_t zero = static_cast<uint32_t>(bitmap >> 32) | mask;
-  ref.Set(entry, uint64_t{alloc} | (uint64_t{zero} << 32));
+  ref.Set(ref.entry(), uint64_t{alloc} | (uint64_t{zero} << 32));
   return absl::OkStatus();
 }
 
@@ -232,16 +205,13 @@ absl::Status Qcow2Layer::ZeroRange(uint64_t offset, uint64_t len,
     } else if (g.extended_l2) {
       s = ZeroSubclusters(cluster, in_cluster, n, plan);
     } else {
-      ASSIGN_OR_RETURN(Extent e, Map(cur, n));
-      bool reads_zero = e.length >= n &&
-                        (e.kind == Extent::kZero ||
-                         (e.kind == Extent::kUnallocated && !backing_));
-      if (!reads_zero) {
-        const auto zeros = absl::MakeConstSpan(ZeroCluster2M().data(), n);
+      ASSIGN_OR_RETURN(bool zero, ReadsAsZeroHere(cur, n));
+      if (!zero) {
         // Planned: the caller's executor writes it with no lock held. No
         // other change of this request touches the cluster.
-        s = plan != nullptr ? PlanWriteCluster(cluster, in_cluster, zeros, plan)
-                            : WriteClusterNow(cluster, in_cluster, zeros);
+        s = PlanWriteCluster(cluster, in_cluster,
+                             absl::MakeConstSpan(ZeroCluster2M().data(), n),
+                             plan);
       }
     }
     if (!s.ok()) return Fail(std::move(s));
