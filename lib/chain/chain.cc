@@ -169,9 +169,7 @@ absl::Status Chain::CheckRange(uint64_t offset, uint64_t len) const {
 
 absl::Status Chain::PlanRead(int depth, uint64_t offset, uint8_t* dest,
                              uint64_t len, IoPlan* plan, IoCategory category) {
-  // Below the top of a chain of three or more, one cached lookup replaces
-  // the walk down the layers.
-  if (depth == 1 && length() > 2) {
+  if (ThroughBackingMap(depth)) {
     return PlanBackingRead(offset, dest, len, plan, category);
   }
   uint64_t pos = 0;
@@ -210,8 +208,11 @@ absl::Status Chain::PlanRead(int depth, uint64_t offset, uint8_t* dest,
   return absl::OkStatus();
 }
 
-absl::StatusOr<BackingMap::Piece> Chain::ResolveBacking(
+absl::StatusOr<BackingMap::Piece> Chain::BackingPieceAt(
     uint64_t offset) {
+  if (std::optional<BackingMap::Piece> p = backing_map_.Find(offset)) {
+    return *p;
+  }
   // The whole aligned window around `offset` is resolved at once, layer by
   // layer: a layer's Map returns a run of clusters per call, so a sparse
   // overlay answers for the window in one call instead of one per granule.
@@ -298,27 +299,24 @@ absl::Status Chain::PlanBackingRead(uint64_t offset, uint8_t* dest,
   uint64_t pos = 0;
   while (pos < len) {
     const uint64_t cur = offset + pos;
-    std::optional<BackingMap::Piece> p = backing_map_.Find(cur);
-    if (!p) {
-      ASSIGN_OR_RETURN(p, ResolveBacking(cur));
-    }
-    const uint64_t into = cur - p->start;
-    const uint64_t n = std::min(len - pos, p->length - into);
-    switch (p->extent.kind) {
+    ASSIGN_OR_RETURN(BackingMap::Piece p, BackingPieceAt(cur));
+    const uint64_t into = cur - p.start;
+    const uint64_t n = std::min(len - pos, p.length - into);
+    switch (p.extent.kind) {
       case Extent::kZero:
       case Extent::kUnallocated:
         std::memset(dest + pos, 0, n);
         break;
       case Extent::kData:
-        plan->Read(layers_[p->depth]->file(), p->extent.host_offset + into,
+        plan->Read(layers_[p.depth]->file(), p.extent.host_offset + into,
                    dest + pos, n, category);
         break;
       case Extent::kCompressed: {
-        auto* q = dynamic_cast<Qcow2Layer*>(layers_[p->depth].get());
+        auto* q = dynamic_cast<Qcow2Layer*>(layers_[p.depth].get());
         if (q == nullptr) {
           return absl::InternalError("compressed extent in a raw layer");
         }
-        RETURN_IF_ERROR(q->PlanCompressedRead(p->extent.entry, cur, dest + pos,
+        RETURN_IF_ERROR(q->PlanCompressedRead(p.extent.entry, cur, dest + pos,
                                               n, plan, category));
         break;
       }
@@ -331,20 +329,17 @@ absl::Status Chain::PlanBackingRead(uint64_t offset, uint8_t* dest,
 absl::StatusOr<bool> Chain::ReadsAsZero(int depth, uint64_t offset,
                                         uint64_t len) {
   uint64_t pos = 0;
-  if (depth == 1 && length() > 2) {
-    // From the backing map, as PlanRead reads below the top: the lookups
-    // this makes are those a copy from there will need.
+  if (ThroughBackingMap(depth)) {
+    // As PlanRead reads: the lookups this makes are those a copy from
+    // below will need.
     while (pos < len) {
       const uint64_t cur = offset + pos;
-      std::optional<BackingMap::Piece> p = backing_map_.Find(cur);
-      if (!p) {
-        ASSIGN_OR_RETURN(p, ResolveBacking(cur));
-      }
-      if (p->extent.kind != Extent::kZero &&
-          p->extent.kind != Extent::kUnallocated) {
+      ASSIGN_OR_RETURN(BackingMap::Piece p, BackingPieceAt(cur));
+      if (p.extent.kind != Extent::kZero &&
+          p.extent.kind != Extent::kUnallocated) {
         return false;
       }
-      pos += std::min(len - pos, p->length - (cur - p->start));
+      pos += std::min(len - pos, p.length - (cur - p.start));
     }
     return true;
   }

@@ -143,12 +143,19 @@ class Chain {
   // Lets the top layer read the layers below for copy-on-write.
   void ConnectBacking();
 
+  // Below the top of a chain of three or more, reads and what reads as
+  // zeros are looked up in backing_map_ (one cached lookup instead of a
+  // walk down the layers).
+  bool ThroughBackingMap(int depth) const {
+    return depth == 1 && length() > 2;
+  }
   // PlanRead below the top through backing_map_ (deep chains).
   absl::Status PlanBackingRead(uint64_t offset, uint8_t* dest, uint64_t len,
                                IoPlan* plan, IoCategory category);
-  // Resolves what backing_map_ does not hold yet of the aligned
-  // resolve_window_ around `offset` and returns the piece holding `offset`.
-  absl::StatusOr<BackingMap::Piece> ResolveBacking(uint64_t offset);
+  // The piece of backing_map_ holding `offset`; if the map does not hold
+  // it yet, resolves what it lacks of the aligned resolve_window_ around
+  // `offset` first.
+  absl::StatusOr<BackingMap::Piece> BackingPieceAt(uint64_t offset);
   // 1 MiB, or less when an L2 slice of a layer below maps less (clusters
   // under 2 KiB, or small slices), but never under one granule.
   static constexpr uint64_t kMaxResolveWindow = 1 << 20;
