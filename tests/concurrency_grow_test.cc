@@ -4,6 +4,7 @@
 // 256 MiB takes tens of milliseconds, and other requests go on meanwhile.
 // A file that cannot reserve is grown by a size change under the lock.
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -61,6 +62,20 @@ class Grow : public ::testing::Test {
     return s;
   }
 
+  // Runs `write_big` (the write of big_ at kAt, which grows the file) until
+  // its reserve is held at the gate; meanwhile a read and an in-place
+  // write complete. Then no host call was made under the lock, the file
+  // reaches past the new clusters, and qemu-img agrees (CloseAndCheck).
+  void ExpectGrowsWithoutTheLock(std::function<void()> write_big,
+                                 const char* what) {
+    testing::HoldAndExpectGoesOn(opener_->last(), std::move(write_big),
+                                 [&] { return ReadAndWriteInPlace(); }, what);
+    EXPECT_EQ(image_->GetStats().host_calls_under_lock, 0u);
+    EXPECT_GE(std::filesystem::file_size(path_),
+              created_ + kCluster + big_.size());
+    CloseAndCheck();
+  }
+
   // Closes the image; qemu-img finds it clean and reads `big` at 8 MiB.
   void CloseAndCheck() {
     ASSERT_OK(image_->Close());
@@ -87,20 +102,14 @@ class Grow : public ::testing::Test {
 // was planned, under the lock.
 TEST_F(Grow, TheStepIsReservedWithoutTheLock) {
   Open({.grow = true});
-  testing::HoldAndExpectGoesOn(
-      opener_->last(), [&] { ASSERT_OK(image_->Write(kAt, big_)); },
-      [&] { return ReadAndWriteInPlace(); }, "another write's growth");
-  EXPECT_EQ(image_->GetStats().host_calls_under_lock, 0u);
-  EXPECT_GE(std::filesystem::file_size(path_),
-            created_ + kCluster + big_.size());
-  CloseAndCheck();
+  ExpectGrowsWithoutTheLock([&] { ASSERT_OK(image_->Write(kAt, big_)); },
+                            "another write's growth");
 }
 
 // The same through a queue: its executor reserves the step.
 TEST_F(Grow, AQueueReservesTheStepWithoutTheLock) {
   Open({.grow = true});
-  testing::HoldAndExpectGoesOn(
-      opener_->last(),
+  ExpectGrowsWithoutTheLock(
       [&] {
         ASSERT_OK_AND_ASSIGN(auto q, image_->CreateQueue());
         absl::Status done = absl::UnknownError("not completed");
@@ -109,11 +118,7 @@ TEST_F(Grow, AQueueReservesTheStepWithoutTheLock) {
         q->Drain();
         ASSERT_OK(done);
       },
-      [&] { return ReadAndWriteInPlace(); }, "a queue's growth");
-  EXPECT_EQ(image_->GetStats().host_calls_under_lock, 0u);
-  EXPECT_GE(std::filesystem::file_size(path_),
-            created_ + kCluster + big_.size());
-  CloseAndCheck();
+      "a queue's growth");
 }
 
 // A file that cannot reserve (no room, or no fallocate at all) still
