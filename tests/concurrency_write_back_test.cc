@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <string>
@@ -249,13 +250,14 @@ absl::Status ReadIsFill(Image* image, uint64_t offset) {
   return s;
 }
 
-// Creates a 64 MiB image with 64 KiB clusters and writes Fill(offset)
-// over the cluster at each of `offsets`.
+// Creates a 64 MiB image with 64 KiB clusters (and lazy refcounts, if
+// `lazy`) and writes Fill(offset) over the cluster at each of `offsets`.
 void CreateWritten(const std::string& path,
-                   const std::vector<uint64_t>& offsets) {
+                   const std::vector<uint64_t>& offsets, bool lazy = false) {
   CreateOptions co;
   co.size = 64 << 20;
   co.cluster_size = kCluster;
+  co.lazy_refcounts = lazy;
   ASSERT_OK(CreateImage(path, co));
   OpenOptions oo;
   oo.read_write = true;
@@ -567,6 +569,51 @@ TEST(RefcountMiss, RequestsGoOnWhileARefcountBlockIsRead) {
   EXPECT_TRUE(std::equal(want.begin(), want.end(), all.begin()));
   want = Fill(3 * kCluster, kCluster / 2);
   EXPECT_TRUE(std::equal(want.begin(), want.end(), all.begin() + 3 * kCluster));
+}
+
+// The first write into an image with lazy refcounts sets the header's
+// dirty bit, written and flushed before anything the write changes. Its
+// executor writes that update with no lock held: a read completes while
+// the update's flush is held. A second write waits for the update before
+// its own I/O (its bytes must not reach the disk first).
+TEST(HeaderWriteBack, RequestsGoOnWhileTheFirstWriteUpdatesTheHeader) {
+  TempDir dir;
+  const std::string path = dir.File("img.qcow2");
+  ASSERT_NO_FATAL_FAILURE(CreateWritten(path, {0}, /*lazy=*/true));
+  GateOpener opener({.flush = true});
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Image> image,
+                       OpenReadWrite(path, &opener));
+  GateFile* gate = opener.last();
+  std::thread second;
+  std::atomic<bool> second_before_release{false};
+  HoldAndExpectGoesOn(
+      gate,
+      [&] { ASSERT_OK(image->Write(kCluster, Fill(kCluster, kCluster))); },
+      [&] {
+        absl::Status s = ReadIsFill(image.get(), 0);
+        second = std::thread([&] {
+          EXPECT_OK(image->Write(2 * kCluster, Fill(2 * kCluster, kCluster)));
+          if (!gate->released()) second_before_release = true;
+        });
+        // Time for a second write that did not wait to get done.
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        return s;
+      },
+      "the first write's header update");
+  second.join();
+  EXPECT_FALSE(second_before_release)
+      << "a write completed before the header update was written";
+  EXPECT_EQ(image->GetStats().host_calls_under_lock, 0u);
+  // The dirty bit is on disk while the image is open.
+  std::vector<uint8_t> header(80);
+  {
+    std::ifstream in(path, std::ios::binary);
+    in.read(reinterpret_cast<char*>(header.data()), header.size());
+  }
+  EXPECT_EQ(header[79] & 1, 1) << "dirty bit not set";
+  ASSERT_OK(image->Close());
+  CheckWithQemu(path, {{0, kCluster}, {kCluster, kCluster},
+                       {2 * kCluster, kCluster}});
 }
 
 }  // namespace

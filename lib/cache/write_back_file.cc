@@ -80,6 +80,11 @@ absl::Status WriteBackFile::WriteBack(uint64_t ticket) {
   return WriteQueued(lock, ticket);
 }
 
+bool WriteBackFile::Written(uint64_t ticket) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return written_seq_ >= ticket;
+}
+
 absl::Status WriteBackFile::WriteQueued(std::unique_lock<std::mutex>& lock,
                                         uint64_t ticket) {
   while (written_seq_ < ticket) {

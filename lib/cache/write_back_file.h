@@ -67,6 +67,9 @@ class WriteBackFile : public File {
   // failed log and those after it stay queued.
   absl::Status WriteBack(uint64_t ticket);
 
+  // Whether every log up to and including `ticket` is written.
+  bool Written(uint64_t ticket) const;
+
   // Logs queued and not yet written (for tests).
   size_t queued() const;
   // The ticket that covers every log queued so far. Under the owner's lock

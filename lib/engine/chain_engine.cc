@@ -200,6 +200,16 @@ void Chain::PlanLocked(Request* r) {
   r->parked = false;
   IoStats& st = r->stats;
   Qcow2Layer* top = top_qcow2();
+  if (top != nullptr && r->kind != Request::kRead &&
+      r->kind != Request::kFlush) {
+    // The first write's header update is written by its own executor,
+    // with no lock held: until it is, every write waits for it before
+    // its own I/O (clearing the autoclear bits must precede any change).
+    if (const uint64_t ticket = top->UnwrittenHeaderTicket(); ticket != 0) {
+      r->write_back_file = top->meta_file();
+      r->write_back_ticket = std::max(r->write_back_ticket, ticket);
+    }
+  }
   switch (r->kind) {
     case Request::kRead:
       if (!r->counted) {

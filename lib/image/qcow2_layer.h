@@ -198,6 +198,12 @@ class Qcow2Layer : public Layer {
   // Rewrites the fixed header fields (not the extensions) and flushes.
   absl::Status WriteHeaderFields();
 
+  // The write-back ticket of the first write's header update (autoclear
+  // bits, lazy refcounts' dirty bit) while it is recorded and not yet
+  // written, else 0. No guest write may reach the disk before it: a write
+  // planned meanwhile waits for the ticket, as its recorder does.
+  uint64_t UnwrittenHeaderTicket();
+
  private:
   Qcow2Layer(std::unique_ptr<File> file, Header header, uint64_t file_size);
 
@@ -380,6 +386,7 @@ class Qcow2Layer : public Layer {
   BackingZero backing_zero_;
   bool writable_ = false;
   bool prepared_ = false;  // dirty bit / autoclear handled
+  uint64_t header_ticket_ = 0;  // see UnwrittenHeaderTicket()
   bool lazy_refcounts_ = false;
   bool closed_ = false;
   bool marked_corrupt_ = false;  // by Fail(); caches were abandoned

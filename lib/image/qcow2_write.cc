@@ -64,13 +64,28 @@ absl::Status Qcow2Layer::PrepareWrite() {
     changed = true;
   }
   if (changed) {
-    if (absl::Status s = WriteHeaderFields(); !s.ok()) {
+    // While a request is planned, its executor writes the update with no
+    // lock held, before the request's own I/O (as a deferred eviction);
+    // otherwise it is written now.
+    const bool record =
+        !meta_->recording() && WriteBackFile::DeferEvictions::Spend();
+    if (record) meta_->BeginRecord();
+    absl::Status s = WriteHeaderFields();
+    if (record) header_ticket_ = meta_->EndRecord();
+    if (!s.ok()) {
       header_ = original;  // try again on the next write
       return s;
     }
   }
   prepared_ = true;
   return absl::OkStatus();
+}
+
+uint64_t Qcow2Layer::UnwrittenHeaderTicket() {
+  if (header_ticket_ != 0 && meta_->Written(header_ticket_)) {
+    header_ticket_ = 0;
+  }
+  return header_ticket_;
 }
 
 absl::Status Qcow2Layer::CheckDataTarget(uint64_t host, uint64_t len) const {
