@@ -244,6 +244,14 @@ TEST(BenchCliTest, ScalingRatiosMatchRawRows) {
     EXPECT_LE(Num(row, "min_mb_per_s"), Num(row, "mb_per_s"));
     EXPECT_LE(Num(row, "mb_per_s"), Num(row, "max_mb_per_s"));
     CheckRow(row, "write");
+    // Rows go by writers, then mode: one writer's row in this mode is
+    // rows[i % 4].
+    const json::Value& one = rows[i % 4];
+    ASSERT_EQ(one["mode"].as_string(), mode);
+    ASSERT_EQ(one["writers"].as_uint64(), 1u);
+    EXPECT_NEAR(Num(row, "ratio_vs_1_writer"),
+                Num(row, "mb_per_s") / Num(one, "mb_per_s"),
+                1e-3 * Num(row, "ratio_vs_1_writer"));
     if (absl::StartsWith(mode, "raw-")) {
       EXPECT_TRUE(row["ratio_vs_raw"].is_null());
       continue;

@@ -131,13 +131,11 @@ absl::StatusOr<Result> RunCell(Env& env, const Params& p, int writers,
   return result;
 }
 
-// The raw counterpart's throughput, or nullopt.
-std::optional<double> RawMbPerS(const std::vector<Result>& all,
-                                const Result& r) {
+// The throughput of the cell with `writers` writers in `mode`, or nullopt.
+std::optional<double> MbPerS(const std::vector<Result>& all, int writers,
+                             const std::string& mode) {
   for (const Result& o : all) {
-    if (o.writers == r.writers && o.mode == "raw-" + r.mode) {
-      return o.r.mb_per_s();
-    }
+    if (o.writers == writers && o.mode == mode) return o.r.mb_per_s();
   }
   return std::nullopt;
 }
@@ -164,10 +162,17 @@ void BuildRows(const Params& p, const std::vector<Result>& results,
     row.Set("guest_flushes", Value::Uint(res.delta.guest_flush_ops));
     std::optional<double> ratio;
     if (!absl::StartsWith(res.mode, "raw-")) {
-      const std::optional<double> raw = RawMbPerS(results, res);
+      const std::optional<double> raw =
+          MbPerS(results, res.writers, "raw-" + res.mode);
       if (raw) ratio = Ratio(res.r.mb_per_s(), *raw);
     }
     row.Set("ratio_vs_raw", Value::Ratio(ratio));
+    // Scaling: this cell against one writer in the same mode.
+    std::optional<double> vs_one;
+    if (const std::optional<double> one = MbPerS(results, 1, res.mode)) {
+      vs_one = Ratio(res.r.mb_per_s(), *one);
+    }
+    row.Set("ratio_vs_1_writer", Value::Ratio(vs_one));
     report->rows.push_back(std::move(row));
     for (size_t m = 0; m < p.modes.size(); ++m) {
       if (p.modes[m] != res.mode) continue;
@@ -181,6 +186,7 @@ void BuildRows(const Params& p, const std::vector<Result>& results,
       {"writers", "writers"},    {"mode", "mode", 0, true},
       {"MB/s", "mb_per_s", 1},   {"min", "min_mb_per_s", 1},
       {"max", "max_mb_per_s", 1}, {"vs raw", "ratio_vs_raw", 2},
+      {"vs 1w", "ratio_vs_1_writer", 2},
       {"seconds", "seconds", 2}, {"write amp", "write_amplification", 3},
       {"locked calls", "host_calls_under_lock"}};
   report->plot_title = "qcowtool bench scaling";
