@@ -3,7 +3,8 @@
 // A scripted workload runs over an overlay on a backing file, both on
 // simulated disks (lib/io/fault_file.h). For every file operation N the
 // workload is replayed with the machine dying at N; then the volatile writes
-// are dropped (all of them, or a random half: a reordering disk cache) and
+// are dropped (all of them, a random half, or all but the newest: a
+// reordering disk cache) and
 // the image is checked: `qemu-img check` finds no corruption (leaks are
 // allowed), every byte reads as it was at the last completed flush or as a
 // write issued after it, and the image can be written again.
@@ -39,9 +40,12 @@ struct Config {
   uint64_t size;
   // Bytes written into the overlay before the sweep starts: brings the
   // file close to what its refcount table covers, so the workload makes
-  // the table grow.
+  // the table grow (or, with `snapshot`, what the snapshot shares).
   uint64_t bulk = 0;
   bool lazy = false;  // lazy refcounts: reopening rebuilds them
+  // An internal snapshot (qemu-img snapshot -c) taken after the bulk
+  // writes: the workload's first write copies the shared L2 table.
+  bool snapshot = false;
 };
 
 // One guest operation of the workload.
@@ -172,6 +176,14 @@ class CrashTest : public ::testing::TestWithParam<Config> {
     initial_top_ = fs_.Disk("/d/top.qcow2")->durable;
     ASSERT_OK(testing::WriteFileBytes(
         dir_.File("base.qcow2"), fs_.Disk("/d/base.qcow2")->durable));
+    if (c.snapshot && testing::HaveQemu()) {
+      const std::string path = dir_.File("top.qcow2");
+      ASSERT_OK(testing::WriteFileBytes(path, initial_top_));
+      testing::CommandResult r =
+          testing::Run({"qemu-img", "snapshot", "-c", "s1", path});
+      ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+      ASSERT_OK_AND_ASSIGN(initial_top_, testing::ReadFileBytes(path));
+    }
   }
 
   // Runs the workload on a fresh copy of the overlay. Returns the model at
@@ -367,12 +379,18 @@ TEST_P(CrashTest, PowerCutAtEveryStep) {
         cut % 25 != 0) {
       continue;
     }
-    for (int variant = 0; variant < 2; ++variant) {
-      std::string where = absl::StrCat(GetParam().name, " cut at op ", cut, " (",
-                                       step_event[cut], "), ",
-                                       variant ? "random half kept" : "all dropped");
+    static const char* const kVariants[] = {
+        "all dropped", "random half kept", "only the newest write kept"};
+    for (int variant = 0; variant < 3; ++variant) {
+      std::string where =
+          absl::StrCat(GetParam().name, " cut at op ", cut, " (",
+                       step_event[cut], "), ", kVariants[variant]);
       Outcome o = RunWorkload(ops, cut, 0, 0);
-      disk->PowerCut(variant ? &rng : nullptr);
+      if (variant < 2) {
+        disk->PowerCut(variant ? &rng : nullptr);
+      } else if (disk->PowerCutKeepingNewest() < 2) {
+        continue;  // the same as one of the others
+      }
       ++cut_points;
       if (GetParam().lazy) {
         // Refcounts of a dirty lazy-refcount image are only hints: the
@@ -384,9 +402,10 @@ TEST_P(CrashTest, PowerCutAtEveryStep) {
         ASSERT_OK(img->Close());
       }
       cuts_per_event[step_event[cut]]++;
-      // qemu-img check costs ~60 ms a run: every cut of the first variant,
-      // every fourth of the second (all of them with QCOW2_LONG_TESTS).
-      if (variant == 0 || cut % 4 == 0 || long_run) {
+      // qemu-img check costs ~60 ms a run: every cut of the first and
+      // third variants, every fourth of the second (all of them with
+      // QCOW2_LONG_TESTS).
+      if (variant != 1 || cut % 4 == 0 || long_run) {
         ASSERT_NO_FATAL_FAILURE(QemuCheckNoCorruption(where, false));
       }
       ASSERT_NO_FATAL_FAILURE(CheckContents(o, where));
@@ -426,7 +445,7 @@ TEST_P(CrashTest, PowerCutAtEveryStep) {
       EXPECT_GT(cuts_per_event["deferred-fill"], 0);
     }
   }
-  if (GetParam().bulk != 0) {
+  if (GetParam().bulk != 0 && !GetParam().snapshot) {
     EXPECT_GT(cuts_per_event["refcount-table-grow"], 0)
         << "the workload no longer grows the refcount table";
   }
@@ -471,7 +490,9 @@ INSTANTIATE_TEST_SUITE_P(
         Config{"c4k_v2", 4096, 16, false, "0.10", 3ull << 20},
         Config{"c512_r64_grow", 512, 64, false, "1.1", 3ull << 20,
                1960ull << 10},
-        Config{"c64k_lazy", 65536, 16, false, "1.1", 4ull << 20, 0, true}),
+        Config{"c64k_lazy", 65536, 16, false, "1.1", 4ull << 20, 0, true},
+        Config{"c64k_snapshot", 65536, 16, false, "1.1", 4ull << 20,
+               256ull << 10, false, true}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

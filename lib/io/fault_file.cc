@@ -12,15 +12,29 @@ namespace qcow2::internal {
 
 void FaultDisk::PowerCut(std::mt19937* rng) {
   std::lock_guard<std::mutex> lock(mu);
-  if (rng != nullptr) {
-    for (auto& [offset, bytes] : pending) {
-      if ((*rng)() % 2 == 0) continue;
-      if (offset + bytes.size() > durable.size()) {
-        durable.resize(offset + bytes.size());
-      }
-      std::memcpy(durable.data() + offset, bytes.data(), bytes.size());
-    }
+  for (auto& [offset, bytes] : pending) {
+    if (rng == nullptr || (*rng)() % 2 == 0) continue;
+    Land(offset, bytes);
   }
+  Restart();
+}
+
+size_t FaultDisk::PowerCutKeepingNewest() {
+  std::lock_guard<std::mutex> lock(mu);
+  const size_t n = pending.size();
+  if (n > 0) Land(pending.back().first, pending.back().second);
+  Restart();
+  return n;
+}
+
+void FaultDisk::Land(uint64_t offset, const std::vector<uint8_t>& bytes) {
+  if (offset + bytes.size() > durable.size()) {
+    durable.resize(offset + bytes.size());
+  }
+  std::memcpy(durable.data() + offset, bytes.data(), bytes.size());
+}
+
+void FaultDisk::Restart() {
   pending.clear();
   current = durable;
   dead = false;

@@ -1,6 +1,7 @@
 // A File for crash and error tests: writes land in a volatile layer until
 // Flush() makes them durable; PowerCut() throws the volatile layer away
-// (all of it, or a random subset, as a disk cache might). Operations can be
+// (all of it, a random subset, or all but the newest write, as a disk
+// cache might). Operations can be
 // made to fail from the Nth one on ("the machine died") or just once (EIO,
 // ENOSPC), to test that every step leaves a consistent image.
 #ifndef QCOW2_LIB_IO_FAULT_FILE_H_
@@ -40,6 +41,15 @@ struct FaultDisk {
   // Drops volatile writes. With a generator, each pending write survives
   // with probability 1/2 instead (a reordering disk cache).
   void PowerCut(std::mt19937* rng = nullptr);
+  // Drops every volatile write but the newest (a cache that wrote its
+  // last write first): whatever had to be durable before that write and
+  // was not flushed is lost. Returns how many writes were pending.
+  size_t PowerCutKeepingNewest();
+
+ private:
+  // Under mu: makes a pending write durable; ends the cut.
+  void Land(uint64_t offset, const std::vector<uint8_t>& bytes);
+  void Restart();
 };
 
 class FaultFile : public File {
