@@ -616,5 +616,56 @@ TEST(HeaderWriteBack, RequestsGoOnWhileTheFirstWriteUpdatesTheHeader) {
                        {2 * kCluster, kCluster}});
 }
 
+// After an internal snapshot, the active L1 entries name L2 tables the
+// snapshot shares. The first write into one copies the table: the copy's
+// L1 entry is written by the next flush, after the copy, with the shared
+// table's reference dropped after that (and the references of clusters
+// the copy lets go of). Before, the copy was written, flushed and linked
+// under the lock, so every queue waited for two file flushes.
+TEST(SharedTableCopy, IsLinkedByTheNextFlushWithoutTheLock) {
+  SKIP_WITHOUT_QEMU();
+  TempDir dir;
+  const std::string path = dir.File("img.qcow2");
+  ASSERT_NO_FATAL_FAILURE(CreateWritten(path, {0, kCluster}));
+  testing::CommandResult r =
+      testing::Run({"qemu-img", "snapshot", "-c", "s1", path});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  {
+    OpenOptions oo;
+    oo.read_write = true;
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Image> image, Image::Open(path, oo));
+    // Into the shared table: a new cluster, and over a shared cluster
+    // (copy-on-write, the shared one let go of).
+    ASSERT_OK(image->Write(2 * kCluster, Fill(7, kCluster)));
+    ASSERT_OK(image->Write(kCluster, Fill(8, 4096)));
+    ASSERT_OK(image->Flush());
+    EXPECT_EQ(image->GetStats().host_calls_under_lock, 0u);
+    ASSERT_OK(image->Close());
+  }
+  // qemu-img finds the image clean (every reference counted once) and
+  // reads the new bytes; the snapshot still reads the old ones.
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> all,
+                       testing::QemuCheckedReadAll(path));
+  std::vector<uint8_t> want = Fill(kCluster, kCluster);
+  const std::vector<uint8_t> eight = Fill(8, 4096);
+  std::copy(eight.begin(), eight.end(), want.begin());
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), all.begin() + kCluster));
+  want = Fill(7, kCluster);
+  EXPECT_TRUE(std::equal(want.begin(), want.end(), all.begin() + 2 * kCluster));
+  const std::string snap = dir.File("snap.raw");
+  r = testing::Run({"qemu-img", "convert", "-O", "raw", "-l",
+                    "snapshot.name=s1", path, snap});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> old, testing::ReadFileBytes(snap));
+  for (uint64_t at : {uint64_t{0}, kCluster}) {
+    want = Fill(at, kCluster);
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), old.begin() + at))
+        << "the snapshot reads other bytes at " << at;
+  }
+  EXPECT_TRUE(std::all_of(old.begin() + 2 * kCluster,
+                          old.begin() + 3 * kCluster,
+                          [](uint8_t b) { return b == 0; }));
+}
+
 }  // namespace
 }  // namespace qcow2

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "lib/cache/write_back_file.h"
 #include "lib/chain/layer.h"
 #include "lib/cluster/cluster_map.h"
@@ -374,6 +375,14 @@ class Qcow2Layer : public Layer {
   // L1 indices of new L2 tables whose entry is set in memory but not yet
   // written (WriteL1Entries writes them at the next flush).
   std::vector<uint64_t> unwritten_l1_entries_;
+  // Private copies of shared L2 tables (an internal snapshot's) among
+  // them: until the new entry is durable, the disk's L1 entry still names
+  // the shared table. So the shared tables, and every host cluster an entry
+  // of a copy lets go of (named by the shared table too), lose their
+  // reference only then (WriteL1Entries).
+  absl::flat_hash_set<uint64_t> unlinked_copies_;  // L1 indices
+  std::vector<uint64_t> replaced_tables_;
+  std::vector<std::pair<uint64_t, uint64_t>> deferred_releases_;
   // End of the furthest host cluster written to: new clusters when their
   // write commits, clusters already ours when a write into them is planned.
   uint64_t data_end_ = 0;

@@ -145,13 +145,20 @@ absl::Status Qcow2Layer::ReleaseHost(uint64_t entry, uint64_t bitmap,
   RETURN_IF_ERROR(ValidateEntry(entry, bitmap, guest));
   RETURN_IF_ERROR(CheckNotMetadata(entry, guest));
   RETURN_IF_ERROR(refcounts_->cache().SetDependency(&map_->l2_cache()));
+  uint64_t host = entry & kEntryOffsetMask;
+  uint64_t len = header_.cluster_size();
   if (entry & kOflagCompressed) {
     CompressedExtent c = DecodeCompressed(entry, header_.cluster_bits);
-    return refcounts_->Update(c.host_offset, c.length, -1);
+    host = c.host_offset;
+    len = c.length;
   }
-  uint64_t host = entry & kEntryOffsetMask;
   if (host == 0) return absl::OkStatus();
-  return refcounts_->Update(host, header_.cluster_size(), -1);
+  const Geometry& g = map_->geometry();
+  if (unlinked_copies_.contains((guest >> g.cluster_bits) / g.l2_entries)) {
+    deferred_releases_.push_back({host, len});
+    return absl::OkStatus();
+  }
+  return refcounts_->Update(host, len, -1);
 }
 
 absl::Status Qcow2Layer::WriteL1Entry(uint64_t index) {
@@ -201,30 +208,18 @@ absl::StatusOr<L2Ref> Qcow2Layer::L2ForWrite(uint64_t cluster) {
   EmitEvent("l2-alloc");
   CountMetadata(&IoStats::l2_table_allocations, 1);
   RETURN_IF_ERROR(cache.SetDependency(&refcounts_->cache()));
-  if (old_table == 0) {
-    // A fresh table: its L1 entry waits in memory for the next flush
-    // (WriteL1Entries), which writes it after the table and its refcount
-    // are durable. Until then a power cut loses the table with the writes
-    // into it, none of them flushed, and leaks its cluster.
-    map_->SetL1(idx, table | kOflagCopied);
-    unwritten_l1_entries_.push_back(idx);
-    return map_->Lookup(cluster);
-  }
-  // A private copy of a shared table: the old table's refcount drops once
-  // the L1 entry no longer names it, so the entry is written now, after the
-  // copy and its refcount are durable.
-  CountMetadata(&IoStats::host_flushes, 1);
-  RETURN_IF_ERROR(cache.Flush());
-  RETURN_IF_ERROR(meta_->Flush());
-  // If the L1 write fails, memory must keep agreeing with the disk, or
-  // later writes would land in a table no durable L1 entry names.
+  // A fresh table, or a private copy of a shared one: its L1 entry waits
+  // in memory for the next flush (WriteL1Entries), which writes it after
+  // the table and its refcount are durable. Until then a power cut loses
+  // the table with the writes into it, none of them flushed, and leaks its
+  // cluster; the disk's L1 entry still names the shared table, whose
+  // refcount drops only after the new entry is durable.
   map_->SetL1(idx, table | kOflagCopied);
-  if (absl::Status s = WriteL1Entry(idx); !s.ok()) {
-    map_->SetL1(idx, l1e);
-    return s;
+  unwritten_l1_entries_.push_back(idx);
+  if (old_table != 0) {
+    unlinked_copies_.insert(idx);
+    replaced_tables_.push_back(old_table);
   }
-  RETURN_IF_ERROR(meta_->Flush());
-  RETURN_IF_ERROR(refcounts_->Update(old_table, g.cluster_size, -1));
   return map_->Lookup(cluster);
 }
 
@@ -242,7 +237,26 @@ absl::Status Qcow2Layer::WriteL1Entries() {
     RETURN_IF_ERROR(WriteL1Entry(unwritten_l1_entries_.front()));
     unwritten_l1_entries_.erase(unwritten_l1_entries_.begin());
   }
-  return absl::OkStatus();
+  unlinked_copies_.clear();
+  if (replaced_tables_.empty() && deferred_releases_.empty()) {
+    return absl::OkStatus();
+  }
+  // The shared tables the entries named before, and the clusters their
+  // copies let go of: one reference fewer, in refcount blocks written only
+  // after a file flush makes the entries durable (else a power cut could
+  // leave a cluster named twice and counted once).
+  refcounts_->cache().SetDependsOnFlush();
+  const uint64_t cs = map_->geometry().cluster_size;
+  while (!replaced_tables_.empty()) {
+    RETURN_IF_ERROR(refcounts_->Update(replaced_tables_.back(), cs, -1));
+    replaced_tables_.pop_back();
+  }
+  while (!deferred_releases_.empty()) {
+    const auto [host, len] = deferred_releases_.back();
+    RETURN_IF_ERROR(refcounts_->Update(host, len, -1));
+    deferred_releases_.pop_back();
+  }
+  return refcounts_->Flush();
 }
 
 absl::Status Qcow2Layer::Grow(uint64_t new_size) {
