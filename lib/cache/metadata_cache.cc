@@ -143,8 +143,11 @@ absl::Status MetadataCache::MakeRoom() {
   if (map_.size() < capacity_) return absl::OkStatus();
   // A dirty entry met on the way is recorded for the request's executor to
   // write without the lock (it stays pinned, and cached, until then), and
-  // the walk goes on for a clean one, when the engine allows it.
-  const bool defer = write_back_ != nullptr && !write_back_->recording() &&
+  // the walk goes on for a clean one, when the engine allows it. While the
+  // file records already (a flush, a new L2 table), the same: an entry
+  // written into a log that is not on disk yet must stay cached.
+  const bool outer = write_back_ != nullptr && write_back_->recording();
+  const bool defer = write_back_ != nullptr && !outer &&
                      WriteBackFile::DeferEvictions::Spend();
   bool recording = false;
   absl::Status s;
@@ -155,9 +158,11 @@ absl::Status MetadataCache::MakeRoom() {
     Slot& slot = map_[*it];
     if (slot.entry.use_count() > 1) continue;
     if (slot.entry->dirty) {
-      if (defer) {
-        if (!recording) write_back_->BeginRecord();
-        recording = true;
+      if (defer || outer) {
+        if (defer && !recording) {
+          write_back_->BeginRecord();
+          recording = true;
+        }
         s = WriteEntry(slot.entry);  // pins it: skipped from now on
         if (!s.ok()) break;
         continue;

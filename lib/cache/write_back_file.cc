@@ -1,5 +1,7 @@
 #include "lib/cache/write_back_file.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "lib/util/events.h"
 
@@ -37,6 +39,15 @@ uint64_t WriteBackFile::EndRecord() {
   SetThreadEventCapture(capture_->saved);
   capture_.reset();
   std::unique_ptr<Log> log = std::move(recording_);
+  const bool io =
+      std::any_of(log->items.begin(), log->items.end(),
+                  [](const Item& i) { return i.kind != Item::kEvent; });
+  if (!io) {
+    // Events alone: nothing to write, so nothing to wait for. They happen
+    // now.
+    for (const Item& item : log->items) EmitEvent(item.event);
+    log->items.clear();
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (!log->items.empty()) {
     log->seq = next_seq_++;
@@ -78,6 +89,14 @@ bool WriteBackFile::DeferEvictions::Spend() {
 absl::Status WriteBackFile::WriteBack(uint64_t ticket) {
   std::unique_lock<std::mutex> lock(mu_);
   return WriteQueued(lock, ticket);
+}
+
+WriteBackFile::RecordScope::RecordScope(WriteBackFile* file)
+    : file_(file != nullptr && !file->recording() &&
+                    DeferEvictions::Spend()
+                ? file
+                : nullptr) {
+  if (file_ != nullptr) file_->BeginRecord();
 }
 
 bool WriteBackFile::Written(uint64_t ticket) const {

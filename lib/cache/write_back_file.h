@@ -19,7 +19,8 @@
 //  - each cache entry a log writes stays pinned in its cache (Pin) until
 //    the log is written, so it is never evicted and read back stale;
 //  - events (lib/util/events.h) emitted while recording are kept in the
-//    log and emitted again as the log is written, before the I/O they name.
+//    log and emitted again as the log is written, before the I/O they name
+//    (a log of events alone is not queued: they are emitted as it ends).
 // Reads pass straight through: nothing read through this file lies in a
 // queued log (cache entries are pinned; the L1 and refcount tables are
 // read only at open).
@@ -57,7 +58,26 @@ class WriteBackFile : public File {
   // Queues the log (if it holds anything) and returns a ticket for
   // WriteBack: the last log queued so far.
   uint64_t EndRecord();
+
+  // Records what is written through `file` in its scope as one log, when
+  // `file` is not null, not recording already, and the DeferEvictions
+  // budget in force has a recording left (see below); else does nothing.
+  // Only writes and flushes may go through the file meanwhile.
+  class RecordScope {
+   public:
+    explicit RecordScope(WriteBackFile* file);
+    ~RecordScope() {
+      if (file_ != nullptr) file_->EndRecord();
+    }
+    RecordScope(const RecordScope&) = delete;
+    RecordScope& operator=(const RecordScope&) = delete;
+
+   private:
+    WriteBackFile* const file_;
+  };
   bool recording() const { return recording_ != nullptr; }
+  // While recording: the ticket the log will have once queued.
+  uint64_t recording_ticket() const { return next_seq_; }
   // Keeps `pin` alive until the log being recorded is written (no-op when
   // not recording).
   void Pin(std::shared_ptr<const void> pin);

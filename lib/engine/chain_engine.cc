@@ -331,6 +331,12 @@ void Chain::PlanDeferringMisses(Request* r,
   absl::Status s;
   {
     EvictionScope evictions(TopWriteBack(), r);
+    // A write's metadata writes (write-outs for dependencies, evictions,
+    // table growth) go into one log for its executor. Not those of
+    // write-zeroes and discard: a log keeps what it writes cached until
+    // it is written, and their ranges have no bound.
+    WriteBackFile::RecordScope record(
+        r->kind == Request::kWrite ? TopWriteBack() : nullptr);
     s = plan();
   }
   if (!deferral.deferred()) {
@@ -630,6 +636,9 @@ void Chain::FinishLocked(Request* r) {
   StatsScope scope(&r->stats);
   if (r->status.ok()) {
     EvictionScope evictions(TopWriteBack(), &r->commit_write_back);
+    // The commits' metadata writes in one log, written after the lock is
+    // released (bounded by the request's clusters).
+    WriteBackFile::RecordScope record(TopWriteBack());
     for (auto& commit : r->plan.commits) {
       absl::Status s = commit();
       if (!s.ok()) {

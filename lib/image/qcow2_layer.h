@@ -319,6 +319,9 @@ class Qcow2Layer : public Layer {
   // Drops the reference the (validated) L2 entry `entry`/`bitmap` of guest
   // offset `guest` holds on its host cluster(s).
   absl::Status ReleaseHost(uint64_t entry, uint64_t bitmap, uint64_t guest);
+  // Puts every slice of a new L2 table at `table` in the cache, dirty:
+  // zeros, or a copy of `old_table`'s (when not 0).
+  absl::Status FillNewTable(uint64_t table, uint64_t old_table);
   // kDataLoss if the host cluster of `entry` (not compressed) holds
   // metadata: freeing it, or writing it, would destroy that metadata.
   absl::Status CheckNotMetadata(uint64_t entry, uint64_t guest) const;

@@ -65,13 +65,14 @@ absl::Status Qcow2Layer::PrepareWrite() {
   }
   if (changed) {
     // While a request is planned, its executor writes the update with no
-    // lock held, before the request's own I/O (as a deferred eviction);
-    // otherwise it is written now.
-    const bool record =
-        !meta_->recording() && WriteBackFile::DeferEvictions::Spend();
-    if (record) meta_->BeginRecord();
-    absl::Status s = WriteHeaderFields();
-    if (record) header_ticket_ = meta_->EndRecord();
+    // lock held, before the request's own I/O (in a log of its own, or in
+    // the one being recorded); otherwise it is written now.
+    absl::Status s;
+    {
+      WriteBackFile::RecordScope record(meta_.get());
+      s = WriteHeaderFields();
+      if (meta_->recording()) header_ticket_ = meta_->recording_ticket();
+    }
     if (!s.ok()) {
       header_ = original;  // try again on the next write
       return s;
@@ -170,6 +171,22 @@ absl::Status Qcow2Layer::WriteL1Entry(uint64_t index) {
                         absl::MakeConstSpan(buf, 8));
 }
 
+absl::Status Qcow2Layer::FillNewTable(uint64_t table, uint64_t old_table) {
+  const Geometry& g = map_->geometry();
+  MetadataCache& cache = map_->l2_cache();
+  for (uint64_t s = 0; s < g.cluster_size / g.slice_bytes; ++s) {
+    ASSIGN_OR_RETURN(MetadataCache::Handle slice,
+                     cache.GetNew(table + s * g.slice_bytes));
+    if (old_table != 0) {
+      ASSIGN_OR_RETURN(MetadataCache::Handle old,
+                       cache.Get(old_table + s * g.slice_bytes));
+      slice->data = old->data;
+      slice->MarkAllDirty();
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<L2Ref> Qcow2Layer::L2ForWrite(uint64_t cluster) {
   const Geometry& g = map_->geometry();
   const uint64_t idx = cluster / g.l2_entries;
@@ -194,16 +211,13 @@ absl::StatusOr<L2Ref> Qcow2Layer::L2ForWrite(uint64_t cluster) {
   refcounts_->NoteMetadataEnd((table >> g.cluster_bits) + 1);
   RETURN_IF_ERROR(CheckDataTarget(table, g.cluster_size));
   map_->RaiseFileLimit(table + g.cluster_size);
-  const uint64_t slices = g.cluster_size / g.slice_bytes;
-  for (uint64_t s = 0; s < slices; ++s) {
-    ASSIGN_OR_RETURN(MetadataCache::Handle slice,
-                     cache.GetNew(table + s * g.slice_bytes));
-    if (old_table != 0) {
-      ASSIGN_OR_RETURN(MetadataCache::Handle old,
-                       cache.Get(old_table + s * g.slice_bytes));
-      slice->data = old->data;
-      slice->MarkAllDirty();
-    }
+  // Its slices, all dirty: in a cache of fewer entries, making room for
+  // them writes the others out. While a request is planned, those writes
+  // go into one log for its executor (the cache holds on to the entries
+  // they write until then), rather than one by one under the lock.
+  {
+    WriteBackFile::RecordScope record(meta_.get());
+    RETURN_IF_ERROR(FillNewTable(table, old_table));
   }
   EmitEvent("l2-alloc");
   CountMetadata(&IoStats::l2_table_allocations, 1);

@@ -293,9 +293,11 @@ absl::Status Refcounts::GrowTable(uint64_t needed_index) {
       WriteEntry(block.data(), c % block_entries_, 1);
     }
     const uint64_t at = (place + table_clusters + j) << cluster_bits_;
-    cache_.Invalidate(at, cluster_size_);
-    CountMetadata(&IoStats::refcount_write_bytes, block.size());
-    RETURN_IF_ERROR(file_->WriteAt(at, block));
+    // Through the cache (written by its flush below): a block written into
+    // a log that is not on disk yet must not be read from the disk.
+    ASSIGN_OR_RETURN(MetadataCache::Handle entry, cache_.GetNew(at));
+    std::copy(block.begin(), block.end(), entry->data.begin());
+    entry->MarkAllDirty();
     table[idx] = at;
   }
   std::vector<uint8_t> raw(table_clusters * cluster_size_, 0);
