@@ -96,7 +96,13 @@ WriteBackFile::RecordScope::RecordScope(WriteBackFile* file)
                     DeferEvictions::Spend()
                 ? file
                 : nullptr) {
-  if (file_ != nullptr) file_->BeginRecord();
+  if (file_ != nullptr) file_->armed_ = true;
+}
+
+WriteBackFile::RecordScope::~RecordScope() {
+  if (file_ == nullptr) return;
+  file_->armed_ = false;
+  if (file_->recording_ != nullptr) file_->EndRecord();
 }
 
 bool WriteBackFile::Written(uint64_t ticket) const {
@@ -173,6 +179,7 @@ absl::Status WriteBackFile::Settle() {
 
 absl::Status WriteBackFile::WriteAt(uint64_t offset,
                                     absl::Span<const uint8_t> data) {
+  if (armed_ && recording_ == nullptr) BeginRecord();
   if (recording_ != nullptr) {
     Item item{Item::kWrite};
     item.offset = offset;
@@ -185,6 +192,7 @@ absl::Status WriteBackFile::WriteAt(uint64_t offset,
 }
 
 absl::Status WriteBackFile::Flush() {
+  if (armed_ && recording_ == nullptr) BeginRecord();
   if (recording_ != nullptr) {
     recording_->items.push_back(Item{Item::kFlush});
     return absl::OkStatus();

@@ -62,20 +62,21 @@ class WriteBackFile : public File {
   // Records what is written through `file` in its scope as one log, when
   // `file` is not null, not recording already, and the DeferEvictions
   // budget in force has a recording left (see below); else does nothing.
-  // Only writes and flushes may go through the file meanwhile.
+  // The log begins at the first write or flush (a scope that writes
+  // nothing costs nothing); from then on, only writes and flushes may go
+  // through the file until the scope ends.
   class RecordScope {
    public:
     explicit RecordScope(WriteBackFile* file);
-    ~RecordScope() {
-      if (file_ != nullptr) file_->EndRecord();
-    }
+    ~RecordScope();
     RecordScope(const RecordScope&) = delete;
     RecordScope& operator=(const RecordScope&) = delete;
 
    private:
     WriteBackFile* const file_;
   };
-  bool recording() const { return recording_ != nullptr; }
+  // Recording, or in a RecordScope that will record its first write.
+  bool recording() const { return recording_ != nullptr || armed_; }
   // While recording: the ticket the log will have once queued.
   uint64_t recording_ticket() const { return next_seq_; }
   // Keeps `pin` alive until the log being recorded is written (no-op when
@@ -171,6 +172,7 @@ class WriteBackFile : public File {
   File* const base_;
   // The log being recorded (owner's lock only).
   std::unique_ptr<Log> recording_;
+  bool armed_ = false;  // a RecordScope's log begins at the next write
   std::unique_ptr<Capture> capture_;
 
   mutable std::mutex mu_;

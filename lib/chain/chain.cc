@@ -194,7 +194,7 @@ absl::Status Chain::PlanRead(int depth, uint64_t offset, uint8_t* dest,
                    category);
         break;
       case Extent::kCompressed: {
-        auto* q = dynamic_cast<Qcow2Layer*>(layer);
+        auto* q = layer->AsQcow2();
         if (q == nullptr) {
           return absl::InternalError("compressed extent in a raw layer");
         }
@@ -312,7 +312,7 @@ absl::Status Chain::PlanBackingRead(uint64_t offset, uint8_t* dest,
                    dest + pos, n, category);
         break;
       case Extent::kCompressed: {
-        auto* q = dynamic_cast<Qcow2Layer*>(layers_[p.depth].get());
+        auto* q = layers_[p.depth]->AsQcow2();
         if (q == nullptr) {
           return absl::InternalError("compressed extent in a raw layer");
         }

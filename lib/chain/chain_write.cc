@@ -11,7 +11,7 @@
 namespace qcow2::internal {
 
 Qcow2Layer* Chain::top_qcow2() {
-  return dynamic_cast<Qcow2Layer*>(layers_[0].get());
+  return layers_[0]->AsQcow2();
 }
 
 absl::Status Chain::CheckWritable() const {
@@ -31,7 +31,7 @@ void Chain::ConnectBacking() {
   // so that resolving it meets at most one miss per layer.
   resolve_window_ = kMaxResolveWindow;
   for (int d = 1; d < length(); ++d) {
-    if (auto* q = dynamic_cast<Qcow2Layer*>(layers_[d].get())) {
+    if (auto* q = layers_[d]->AsQcow2()) {
       const Geometry& g = q->geometry();
       resolve_window_ = std::min(
           resolve_window_,

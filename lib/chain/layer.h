@@ -15,6 +15,8 @@
 
 namespace qcow2::internal {
 
+class Qcow2Layer;
+
 // A run of guest bytes with one status in one layer.
 struct Extent {
   enum Kind {
@@ -57,6 +59,10 @@ class Layer {
   virtual absl::Status Flush() { return absl::OkStatus(); }
   // Flushes, marks clean, and stops accepting writes.
   virtual absl::Status Close() { return absl::OkStatus(); }
+
+  // This layer if it is a qcow2 image, else null (cheaper than a
+  // dynamic_cast on every request).
+  virtual Qcow2Layer* AsQcow2() { return nullptr; }
 };
 
 // Raw image: the file is the disk.

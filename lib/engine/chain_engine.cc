@@ -330,13 +330,14 @@ void Chain::PlanDeferringMisses(Request* r,
   MissDeferral deferral(&r->plan, r->kind == Request::kRead);
   absl::Status s;
   {
-    EvictionScope evictions(TopWriteBack(), r);
+    WriteBackFile* const meta = TopWriteBack();
+    EvictionScope evictions(meta, r);
     // A write's metadata writes (write-outs for dependencies, evictions,
     // table growth) go into one log for its executor. Not those of
     // write-zeroes and discard: a log keeps what it writes cached until
     // it is written, and their ranges have no bound.
-    WriteBackFile::RecordScope record(
-        r->kind == Request::kWrite ? TopWriteBack() : nullptr);
+    WriteBackFile::RecordScope record(r->kind == Request::kWrite ? meta
+                                                                 : nullptr);
     s = plan();
   }
   if (!deferral.deferred()) {
@@ -635,10 +636,12 @@ void Chain::Finish(Request* r) {
 void Chain::FinishLocked(Request* r) {
   StatsScope scope(&r->stats);
   if (r->status.ok()) {
-    EvictionScope evictions(TopWriteBack(), &r->commit_write_back);
+    WriteBackFile* const meta = TopWriteBack();
+    EvictionScope evictions(meta, &r->commit_write_back);
     // The commits' metadata writes in one log, written after the lock is
     // released (bounded by the request's clusters).
-    WriteBackFile::RecordScope record(TopWriteBack());
+    WriteBackFile::RecordScope record(r->plan.commits.empty() ? nullptr
+                                                              : meta);
     for (auto& commit : r->plan.commits) {
       absl::Status s = commit();
       if (!s.ok()) {

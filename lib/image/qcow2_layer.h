@@ -187,6 +187,7 @@ class Qcow2Layer : public Layer {
   // Every metadata write goes through this file (see BeginFlush).
   WriteBackFile* meta_file() { return meta_.get(); }
   absl::Status Close() override;
+  Qcow2Layer* AsQcow2() override { return this; }
   // Grows the virtual size, reallocating the L1 table if needed.
   absl::Status Grow(uint64_t new_size);
   // Marks the image corrupt on kDataLoss and returns `s`.
