@@ -4,8 +4,10 @@
 #include <fcntl.h>
 #include <linux/falloc.h>
 #include <linux/fs.h>
+#include <linux/magic.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <linux/stat.h>
 #include <unistd.h>
 
@@ -31,8 +33,21 @@ absl::Status ErrnoError(int err, const std::string& what,
   return s;
 }
 
+namespace {
+
+bool OnPageCacheOnlyFileSystem(int fd) {
+  struct statfs fs;
+  if (::fstatfs(fd, &fs) != 0) return false;
+  return fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC;
+}
+
+}  // namespace
+
 PosixFile::PosixFile(int fd, std::string name, uint32_t alignment)
-    : fd_(fd), name_(std::move(name)), alignment_(alignment) {}
+    : fd_(fd),
+      name_(std::move(name)),
+      alignment_(alignment),
+      page_cache_only_(OnPageCacheOnlyFileSystem(fd)) {}
 
 PosixFile::~PosixFile() { ::close(fd_); }
 
@@ -144,8 +159,21 @@ absl::Status PosixFile::Truncate(uint64_t size) {
   return absl::OkStatus();
 }
 
+absl::Status PosixFile::GrowTo(uint64_t size) {
+  std::lock_guard<std::mutex> lock(size_mu_);
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) return ErrnoError(errno, "fstat of", name_);
+  if (static_cast<uint64_t>(st.st_size) >= size) return absl::OkStatus();
+  if (::ftruncate(fd_, static_cast<off_t>(size)) != 0) {
+    return ErrnoError(errno, absl::StrCat("growing to ", size, " bytes"),
+                      name_);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status PosixFile::Extend(uint64_t old_size, uint64_t new_size) {
   NoteHostCall();
+  if (page_cache_only_) return GrowTo(new_size);
   // Blocks reserved ahead (unwritten extents, reading as zeros) let a direct
   // write land without allocating: ext4 then takes the inode lock shared,
   // where a write into a hole takes it exclusively.
@@ -162,6 +190,7 @@ absl::Status PosixFile::Extend(uint64_t old_size, uint64_t new_size) {
 
 absl::Status PosixFile::Reserve(uint64_t offset, uint64_t len) {
   NoteHostCall();
+  if (page_cache_only_) return GrowTo(offset + len);
   if (::fallocate(fd_, 0, static_cast<off_t>(offset),
                   static_cast<off_t>(len)) == 0) {
     return absl::OkStatus();

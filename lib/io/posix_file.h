@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <string>
 
 #include "qcow2/file.h"
@@ -46,7 +47,10 @@ class PosixFile : public File {
   absl::StatusOr<uint64_t> Size() override;
   absl::Status Truncate(uint64_t size) override;
   // Reserves the new range with fallocate (unwritten blocks) where it
-  // can, else a plain truncate.
+  // can, else a plain truncate. On a file system that lives in the page
+  // cache (tmpfs, ramfs), where fallocate would allocate and zero every
+  // page only for the writes to fill them again, both just lengthen the
+  // file.
   absl::Status Extend(uint64_t old_size, uint64_t new_size) override;
   absl::Status Reserve(uint64_t offset, uint64_t len) override;
   absl::Status Allocate(uint64_t offset, uint64_t len) override;
@@ -62,10 +66,16 @@ class PosixFile : public File {
   absl::Status RawRead(uint64_t offset, uint8_t* buf, size_t len);
   absl::Status RawWrite(uint64_t offset, const uint8_t* buf, size_t len);
   bool Aligned(uint64_t offset, const void* buf, size_t len) const;
+  // Makes the file at least `size` bytes long; never shorter. (Reserve
+  // runs with no lock of the image's held: size_mu_ orders the two
+  // steps against other lengthenings.)
+  absl::Status GrowTo(uint64_t size);
 
   const int fd_;
   const std::string name_;
   const uint32_t alignment_;
+  const bool page_cache_only_;  // tmpfs or ramfs
+  std::mutex size_mu_;
 };
 
 }  // namespace qcow2::internal
