@@ -85,7 +85,18 @@ void IoPlan::CoalesceWrites() {
       if (last.file == op.file && last.offset + last.bytes == op.offset &&
           !last.zero_range && !op.zero_range &&
           last.iov.size() + op.iov.size() <= kMaxIov) {
-        last.iov.insert(last.iov.end(), op.iov.begin(), op.iov.end());
+        // Pieces that follow each other in memory too (consecutive
+        // clusters of one guest buffer) become one iovec: one 4 MiB write
+        // of 64 KiB clusters is then one buffer, not 64.
+        auto next = op.iov.begin();
+        if (!last.iov.empty() && next != op.iov.end() &&
+            static_cast<uint8_t*>(last.iov.back().iov_base) +
+                    last.iov.back().iov_len ==
+                next->iov_base) {
+          last.iov.back().iov_len += next->iov_len;
+          ++next;
+        }
+        last.iov.insert(last.iov.end(), next, op.iov.end());
         last.bytes += op.bytes;
         last.guest_bytes += op.guest_bytes;
         continue;
