@@ -35,8 +35,12 @@ absl::Status ErrnoError(int err, const std::string& what,
 
 namespace {
 
+// A regular file on tmpfs or ramfs. (Not a device node: /dev is a tmpfs
+// too, but the device is not.)
 bool OnPageCacheOnlyFileSystem(int fd) {
+  struct stat st;
   struct statfs fs;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return false;
   if (::fstatfs(fd, &fs) != 0) return false;
   return fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC;
 }
