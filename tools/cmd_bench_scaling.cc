@@ -214,23 +214,29 @@ absl::Status RunScaling(Env& env, Report* report) {
 
   // Rounds: every cell once per round, so that a drift of the device (burst
   // credit, another tenant) lands on every mode alike rather than on the
-  // cells measured last.
-  const size_t cells = p->writers.size() * p->modes.size();
+  // cells measured last. Within a round the modes of each writer count
+  // take turns going first: the first cell after a change in the number
+  // of threads can pay for it (on tmpfs, 8 writers right after 4 ran at
+  // half speed, whichever mode it was).
+  const size_t nmodes = p->modes.size();
+  const size_t cells = p->writers.size() * nmodes;
   const size_t total = cells * p->repeat;
   std::vector<std::vector<Result>> runs(cells);
   std::string engine;
   size_t done = 0;
   for (int round = 0; round < p->repeat; ++round) {
-    size_t cell = 0;
-    for (int writers : p->writers) {
-      for (const std::string& mode : p->modes) {
+    for (size_t w = 0; w < p->writers.size(); ++w) {
+      const int writers = p->writers[w];
+      for (size_t k = 0; k < nmodes; ++k) {
+        const size_t m = (k + static_cast<size_t>(round)) % nmodes;
+        const std::string& mode = p->modes[m];
         env.progress.BeginCell(absl::StrFormat(
             "[%u/%u] %d writer%s, %s", ++done, total, writers,
             writers > 1 ? "s" : "", mode));
         auto r = RunCell(env, *p, writers, mode, &engine);
         if (!r.ok()) return r.status();
         env.progress.EndCell(absl::StrFormat("%.1f MB/s", r->r.mb_per_s()));
-        runs[cell++].push_back(std::move(*r));
+        runs[w * nmodes + m].push_back(std::move(*r));
       }
     }
   }
