@@ -385,7 +385,7 @@ class Qcow2Layer : public Layer {
   // of a copy lets go of (named by the shared table too), lose their
   // reference only then (WriteL1Entries).
   absl::flat_hash_set<uint64_t> unlinked_copies_;  // L1 indices
-  std::vector<uint64_t> replaced_tables_;
+  // (host offset, length) of each reference dropped at that point.
   std::vector<std::pair<uint64_t, uint64_t>> deferred_releases_;
   // End of the furthest host cluster written to: new clusters when their
   // write commits, clusters already ours when a write into them is planned.

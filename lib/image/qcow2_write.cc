@@ -232,7 +232,7 @@ absl::StatusOr<L2Ref> Qcow2Layer::L2ForWrite(uint64_t cluster) {
   unwritten_l1_entries_.push_back(idx);
   if (old_table != 0) {
     unlinked_copies_.insert(idx);
-    replaced_tables_.push_back(old_table);
+    deferred_releases_.push_back({old_table, g.cluster_size});
   }
   return map_->Lookup(cluster);
 }
@@ -252,19 +252,12 @@ absl::Status Qcow2Layer::WriteL1Entries() {
     unwritten_l1_entries_.erase(unwritten_l1_entries_.begin());
   }
   unlinked_copies_.clear();
-  if (replaced_tables_.empty() && deferred_releases_.empty()) {
-    return absl::OkStatus();
-  }
+  if (deferred_releases_.empty()) return absl::OkStatus();
   // The shared tables the entries named before, and the clusters their
   // copies let go of: one reference fewer, in refcount blocks written only
   // after a file flush makes the entries durable (else a power cut could
   // leave a cluster named twice and counted once).
   refcounts_->cache().SetDependsOnFlush();
-  const uint64_t cs = map_->geometry().cluster_size;
-  while (!replaced_tables_.empty()) {
-    RETURN_IF_ERROR(refcounts_->Update(replaced_tables_.back(), cs, -1));
-    replaced_tables_.pop_back();
-  }
   while (!deferred_releases_.empty()) {
     const auto [host, len] = deferred_releases_.back();
     RETURN_IF_ERROR(refcounts_->Update(host, len, -1));
