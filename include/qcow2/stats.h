@@ -50,8 +50,8 @@ struct IoStats {
   // discards; POSIX and in-memory files) made while the image's metadata
   // lock was held. Each holds up the planning of every queue's requests
   // for its length. What is left of them: metadata misses no probe
-  // foresaw, write-outs past a request's budget, header and table
-  // growth, and some whole-cluster operations (see docs/architecture.md).
+  // foresaw, a read's write-outs past its budget, table growth outside a
+  // write, and some whole-cluster operations (see docs/architecture.md).
   uint64_t host_calls_under_lock = 0;
 
   // Data clusters allocated in the top image.

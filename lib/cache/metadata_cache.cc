@@ -27,12 +27,7 @@ MissDeferral::Paused::~Paused() { t_deferral = saved_; }
 MissDeferral* MissDeferral::Active() {
   MissDeferral* d = t_deferral;
   if (d == nullptr || d->deferred() || d->even_with_work_) return d;
-  const IoPlan* p = d->plan_;
-  if (!p->reads.empty() || !p->writes.empty() || !p->commits.empty() ||
-      !p->aborts.empty() || !p->after_reads.empty()) {
-    return nullptr;
-  }
-  return d;
+  return d->plan_->HasWork() ? nullptr : d;
 }
 
 MetadataCache::MetadataCache(File* file, uint32_t entry_size, size_t capacity,

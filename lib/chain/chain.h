@@ -88,6 +88,12 @@ class Chain {
   // r->status). Takes the entry into the cache and plans r again, which
   // may leave another miss to fetch.
   void LoadMiss(Request* r);
+  // After a round of a long write-zeroes or discard (r->zero_more): the
+  // executor has run r->plan (its error, if any, in r->status). Commits
+  // it and plans the next round, which may leave a miss to fetch or park
+  // r like any planning; the metadata the commits wrote out goes into the
+  // next round's log. On error, r->zero_more is cleared.
+  void NextRound(Request* r);
   // Called by the executor with no lock held, before r's I/O: reserves
   // the file's growth the plan asked for (IoPlan::grow_file), blocking.
   // When the file cannot reserve, takes the lock and grows it there
@@ -163,6 +169,9 @@ class Chain {
 
   void PlanLocked(Request* r);
   void FinishLocked(Request* r);
+  // Runs r's commits in order; the first error (through the top's Fail)
+  // stops them. Caller holds mu_.
+  absl::Status RunCommits(Request* r);
   // A flush's first step: plans the fill of the top's pending clusters
   // into r->plan, each held in the lock list (r->fill_locks) until
   // FinishFill, so that no later request touches it meanwhile. Clusters

@@ -269,8 +269,9 @@ void Chain::PlanLocked(Request* r) {
       if (top != nullptr) {
         PlanDeferringMisses(r, [&] {
           return top->Zero(r->offset, r->len, discard || r->unmap, &r->plan,
-                           &r->zero_done);
+                           &r->zero_done, &r->zero_more);
         });
+        if (!r->status.ok()) r->zero_more = false;
       } else {
         // A raw file: one zero-range call, run by the executor.
         IoOp op;
@@ -332,12 +333,12 @@ void Chain::PlanDeferringMisses(Request* r,
   {
     WriteBackFile* const meta = TopWriteBack();
     EvictionScope evictions(meta, r);
-    // A write's metadata writes (write-outs for dependencies, evictions,
-    // table growth) go into one log for its executor. Not those of
-    // write-zeroes and discard: a log keeps what it writes cached until
-    // it is written, and their ranges have no bound.
-    WriteBackFile::RecordScope record(r->kind == Request::kWrite ? meta
-                                                                 : nullptr);
+    // The metadata writes of a change (write-outs for dependencies,
+    // evictions, table growth) go into one log for its executor. A log
+    // keeps what it writes cached until it is written: write-zeroes and
+    // discard, whose ranges have no bound, plan in bounded rounds.
+    WriteBackFile::RecordScope record(r->kind == Request::kRead ? nullptr
+                                                                : meta);
     s = plan();
   }
   if (!deferral.deferred()) {
@@ -430,6 +431,38 @@ void Chain::LoadMiss(Request* r) {
     return;
   }
   PlanLocked(r);
+}
+
+void Chain::NextRound(Request* r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  UnderLockScope under_lock;
+  StatsScope scope(&r->stats);
+  r->zero_more = false;
+  if (!r->status.ok()) return;  // Finish abandons the round
+  {
+    WriteBackFile* const meta = TopWriteBack();
+    EvictionScope evictions(meta, r);
+    WriteBackFile::RecordScope record(r->plan.commits.empty() ? nullptr
+                                                              : meta);
+    r->status = RunCommits(r);
+  }
+  r->plan.Clear();
+  r->stale_misses = 0;
+  if (r->status.ok() && closed_) r->status = ClosedError();
+  if (!r->status.ok()) return;
+  PlanLocked(r);
+}
+
+absl::Status Chain::RunCommits(Request* r) {
+  for (auto& commit : r->plan.commits) {
+    absl::Status s = commit();
+    if (!s.ok()) {
+      // Clusters of the remaining changes leak at worst.
+      Qcow2Layer* top = top_qcow2();
+      return top != nullptr ? top->Fail(std::move(s)) : s;
+    }
+  }
+  return absl::OkStatus();
 }
 
 void Chain::PlanFill(Request* r, Qcow2Layer* top) {
@@ -642,15 +675,7 @@ void Chain::FinishLocked(Request* r) {
     // released (bounded by the request's clusters).
     WriteBackFile::RecordScope record(r->plan.commits.empty() ? nullptr
                                                               : meta);
-    for (auto& commit : r->plan.commits) {
-      absl::Status s = commit();
-      if (!s.ok()) {
-        // Clusters of the remaining changes leak at worst.
-        Qcow2Layer* top = top_qcow2();
-        r->status = top != nullptr ? top->Fail(std::move(s)) : s;
-        break;
-      }
-    }
+    r->status = RunCommits(r);
   } else {
     for (auto& abort : r->plan.aborts) abort();
   }
@@ -674,36 +699,41 @@ absl::Status Chain::RunSync(Request* r) {
     waiter.Wait();
     Plan(r);
   }
-  while (r->miss_cache != nullptr || r->parked) {
-    if (r->parked) {
-      // Another request reads the entry this one missed.
-      waiter.Wait();
-      Plan(r);
-      continue;
-    }
-    // A deferred metadata miss: read it with no lock held, plan again.
-    r->status = RunOp(r->miss_op, false);
-    LoadMiss(r);
-  }
-  Grow(r);
-  if (r->filling) {
-    // A flush's fill of pending clusters: its I/O with no lock held.
-    if (r->status.ok()) r->status = RunPlanIo(r->plan, &r->stats);
-    FinishFill(r);
-  }
-  if (r->status.ok() && r->record_flush) RecordFlush(r);
-  if (r->status.ok() && r->write_back_file != nullptr) {
-    r->status = r->write_back_file->WriteBack(r->write_back_ticket);
-  }
-  if (r->status.ok()) {
-    if (r->kind == Request::kFlush) {
-      if (r->flush_file != nullptr) {
-        r->stats.host_flushes++;
-        r->status = r->flush_file->Flush();
+  while (true) {
+    while (r->miss_cache != nullptr || r->parked) {
+      if (r->parked) {
+        // Another request reads the entry this one missed.
+        waiter.Wait();
+        Plan(r);
+        continue;
       }
-    } else {
-      r->status = RunPlanIo(r->plan, &r->stats);
+      // A deferred metadata miss: read it with no lock held, plan again.
+      r->status = RunOp(r->miss_op, false);
+      LoadMiss(r);
     }
+    Grow(r);
+    if (r->filling) {
+      // A flush's fill of pending clusters: its I/O with no lock held.
+      if (r->status.ok()) r->status = RunPlanIo(r->plan, &r->stats);
+      FinishFill(r);
+    }
+    if (r->status.ok() && r->record_flush) RecordFlush(r);
+    if (r->status.ok() && r->write_back_file != nullptr) {
+      r->status = r->write_back_file->WriteBack(r->write_back_ticket);
+    }
+    if (r->status.ok()) {
+      if (r->kind == Request::kFlush) {
+        if (r->flush_file != nullptr) {
+          r->stats.host_flushes++;
+          r->status = r->flush_file->Flush();
+        }
+      } else {
+        r->status = RunPlanIo(r->plan, &r->stats);
+      }
+    }
+    if (!r->zero_more || !r->status.ok()) break;
+    NextRound(r);  // a long write-zeroes or discard goes on
+    if (!r->status.ok()) break;
   }
   Finish(r);
   r->plan.Clear();

@@ -91,6 +91,13 @@ class IoPlan {
 
   void Clear();
 
+  // Whether the plan holds I/O, steps, commits or aborts (anything that
+  // dropping it would waste or have to undo).
+  bool HasWork() const {
+    return !reads.empty() || !writes.empty() || !commits.empty() ||
+           !aborts.empty() || !after_reads.empty();
+  }
+
  private:
   struct Free {
     void operator()(uint8_t* p) const;

@@ -265,6 +265,20 @@ class QueueImpl final : public Waiter, public Chain::StatsSource {
           }
           break;
         default:
+          if (r->zero_more && r->status.ok()) {
+            // One round of a long write-zeroes or discard is done: commit
+            // it and plan the next, which runs its phases from the start.
+            chain_->NextRound(r);
+            if (r->status.ok()) {
+              r->phase = 0;
+              if (r->parked) {
+                ++parked_;
+                return;
+              }
+              if (r->miss_cache != nullptr) IssueMiss(r);
+              continue;
+            }
+          }
           Complete(r);
           return;
       }

@@ -75,8 +75,11 @@ struct Request {
   bool counted = false;   // guest counters added (once per request)
   // Write-zeroes and discard: how much of the range's whole clusters is
   // zeroed already, by rounds of planning that stopped at a deferred miss
-  // (Qcow2Layer::Zero).
+  // or at the end of a round (Qcow2Layer::Zero).
   uint64_t zero_done = 0;
+  // The plan is one round of a long range: once its I/O is done, the
+  // executor calls Chain::NextRound, which commits it and plans the next.
+  bool zero_more = false;
   // A write: how far the probe before its planning got (ProbeChange).
   ProbeProgress probe;
   File* flush_file = nullptr;  // kFlush: the file to flush

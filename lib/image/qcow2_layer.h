@@ -153,8 +153,17 @@ class Qcow2Layer : public Layer {
   // at a time, each probed first (ProbeChange): a miss there stops the
   // call with the deferred miss, and `*done` says how far it got; call
   // again with the same `done` once the entry is in.
+  //
+  // With `more`, the call also stops after a window that put I/O into the
+  // plan, or after kZeroRoundWindows windows, and sets `*more` when part
+  // of the range is left: the caller carries out and commits the plan,
+  // then calls again with the same `done` and an empty plan. So a long
+  // range is changed in rounds, each bounded in the metadata it touches
+  // and the time it holds the caller's lock.
   absl::Status Zero(uint64_t offset, uint64_t len, bool free_clusters,
-                    IoPlan* plan, uint64_t* done = nullptr);
+                    IoPlan* plan, uint64_t* done = nullptr,
+                    bool* more = nullptr);
+  static constexpr int kZeroRoundWindows = 4;
   absl::Status Flush() override;
   // Flush in three steps, so that the metadata write-back and the file
   // flush run without the caller's lock:

@@ -149,7 +149,7 @@ absl::Status Qcow2Layer::ZeroSubclusters(uint64_t cluster, uint64_t in_cluster,
 
 absl::Status Qcow2Layer::Zero(uint64_t offset, uint64_t len,
                               bool free_clusters, IoPlan* plan,
-                              uint64_t* done) {
+                              uint64_t* done, bool* more) {
   RETURN_IF_ERROR(PrepareWrite());
   // Clusters waiting for their L2 entry get it first (the caller holds
   // them whole, so no write to them is in flight).
@@ -167,13 +167,26 @@ absl::Status Qcow2Layer::Zero(uint64_t offset, uint64_t len,
   const uint64_t mid_end = std::max(mid_begin, AlignDown(end, cs));
   uint64_t none = 0;
   if (done == nullptr) done = &none;
+  if (more != nullptr) *more = false;
+  int windows = 0;
   while (mid_begin + *done < mid_end) {
+    if (more != nullptr &&
+        (windows == kZeroRoundWindows || plan->HasWork())) {
+      *more = true;  // the rest in the next round
+      return absl::OkStatus();
+    }
     const uint64_t at = mid_begin + *done;
     const uint64_t n = std::min(mid_end - at, kProbeClusters * cs);
     RETURN_IF_ERROR(ProbeChange(at, n, free_clusters));
     MissDeferral::Paused changes;
     RETURN_IF_ERROR(ZeroRange(at, n, free_clusters, plan));
     *done += n;
+    ++windows;
+  }
+  if (more != nullptr && plan->HasWork() &&
+      (mid_begin > offset || end > mid_end)) {
+    *more = true;  // the partial clusters' probe may miss: a round of its own
+    return absl::OkStatus();
   }
   RETURN_IF_ERROR(ProbeChange(offset, mid_begin - offset, free_clusters));
   RETURN_IF_ERROR(ProbeChange(mid_end, end - mid_end, free_clusters));
