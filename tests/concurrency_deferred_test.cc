@@ -5,6 +5,7 @@
 // whole cluster settle it first; writes into one cluster run side by side.
 // Every image is checked by qemu-img, and read back through it.
 #include <atomic>
+#include <future>
 #include <chrono>
 #include <filesystem>
 #include <thread>
@@ -599,11 +600,12 @@ class TwoGates : public FileOpener {
   testing::GateFile* base_ = nullptr;
 };
 
-// A write holding a pending cluster whole, still planning (its L2 miss
-// read without the lock), when a flush begins: the flush fills that
-// cluster at once, under the lock, as the write would, instead of leaving
-// a fill in flight that the write would then meet.
-TEST_F(DeferredCowTest, AFlushFillsAtOnceAClusterHeldWhole) {
+// A write holding whole a pending cluster it covers in part fills the
+// cluster before it plans itself, as a stage of its own run with no lock
+// held (it made the fill's read and write under the lock before). A flush
+// that comes meanwhile waits for that fill, whose L2 entry it must write;
+// the write then plans, its L2 miss read without the lock too.
+TEST_F(DeferredCowTest, AWriteFillsAClusterItHoldsWholeWithoutTheLock) {
   image_.reset();
   // 64 MiB over the 8 MiB backing file, with 512-byte L2 slices (4 MiB
   // of guest space each), two of them cached.
@@ -647,21 +649,33 @@ TEST_F(DeferredCowTest, AFlushFillsAtOnceAClusterHeldWhole) {
   for (uint64_t slice = 2; slice < 16; ++slice) {
     ASSERT_OK(image->Read(slice << 22, absl::MakeSpan(buf)));
   }
-  // Across clusters 63 and 64: it holds both whole, and is planned
-  // cluster 63 first, whose slice it reads without the lock.
+  // Across clusters 63 and 64: it holds both whole. Cluster 64 is filled
+  // first (the read of its other 60 KiB is held here), then the write is
+  // planned, cluster 63's slice read without the lock.
   const std::vector<uint8_t> across = Pattern(c - 8192, 16384, 51);
-  gates.top_->Arm();
   gates.base_->Arm();
+  const IoStats mid = image->GetStats();
+  std::atomic<bool> flushed{false};
   std::thread writer([&] { ASSERT_OK(image->Write(c - 8192, across)); });
-  ASSERT_TRUE(gates.top_->WaitBlocked());
-  std::thread flusher([&] { ASSERT_OK(image->Flush()); });
   ASSERT_TRUE(gates.base_->WaitBlocked());  // the fill's read
-  // The write plans again while the fill's read is held.
-  gates.top_->Release();
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::thread flusher([&] {
+    ASSERT_OK(image->Flush());
+    flushed = true;
+  });
+  // A read elsewhere completes meanwhile: the lock is free.
+  std::future<absl::Status> read = std::async(std::launch::async, [&] {
+    return image->Read(8 << 20, absl::MakeSpan(buf));
+  });
+  EXPECT_EQ(read.wait_for(std::chrono::seconds(20)),
+            std::future_status::ready)
+      << "a read waited for the fill: it held the lock";
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(flushed.load()) << "the flush did not wait for the fill";
   gates.base_->Release();
+  EXPECT_OK(read.get());
   writer.join();
   flusher.join();
+  EXPECT_EQ(image->GetStats().Since(mid).host_calls_under_lock, 0u);
   Put(&model_, c - 8192, across);
   std::vector<uint8_t> got(4 * kCluster);
   ASSERT_OK(image->Read(c - 2 * kCluster, absl::MakeSpan(got)));

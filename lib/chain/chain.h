@@ -99,10 +99,11 @@ class Chain {
   // When the file cannot reserve, takes the lock and grows it there
   // (Qcow2Layer::GrowWithoutReserve); an error of that lands in r->status.
   void Grow(Request* r);
-  // After a flush planned the fill of pending clusters (r->filling): the
-  // executor has run r->plan (its error, if any, in r->status). Commits
-  // or abandons the fill, lets the clusters go, and plans the flush's
-  // metadata write-back.
+  // After a flush (or a request, PlanFillRound) planned the fill of
+  // pending clusters (r->filling): the executor has run r->plan (its
+  // error, if any, in r->status). Commits or abandons the fill, lets the
+  // clusters go, and plans the flush's metadata write-back, or the
+  // request itself (which may then defer a miss or park, as any planning).
   void FinishFill(Request* r);
   // A flush's metadata write-back, by its executor with no lock held
   // (group commit): if a flush recorded the caches since this one was
@@ -180,7 +181,17 @@ class Chain {
   void PlanFill(Request* r, Qcow2Layer* top);
   // Ends the fill stage: aborts or commits, releases the fill locks.
   void EndFill(Request* r);
-  // The flush whose fill is in flight, and flushes waiting for it.
+  // Before a request that holds its range whole plans (a write without a
+  // byte-range lock, write-zeroes, discard): plans the fill of pending
+  // clusters it covers in part (Qcow2Layer::PlanFillsFor) as a stage of
+  // its own, which its executor runs at once, blocking, with no lock held
+  // (as a flush's fill) before FinishFill plans the request. Returns true
+  // when r's planning stops here: a fill to run (r->filling), a deferred
+  // miss, a parked request, or an error. While another fill runs, returns
+  // false and the request fills its clusters at once, under the lock.
+  bool PlanFillRound(Request* r, Qcow2Layer* top);
+  // The request whose fill is in flight (a flush's, or one planned by
+  // PlanFillRound), and flushes waiting for it.
   Request* filling_ = nullptr;
   std::vector<Request*> fill_waiters_;
   // Group commit (RecordFlush): flushes recorded so far, the last one's

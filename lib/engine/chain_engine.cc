@@ -238,6 +238,7 @@ void Chain::PlanLocked(Request* r) {
           break;  // parked until it holds them
         }
         const bool fine = r->lock_fine;
+        if (!fine && PlanFillRound(r, top)) break;
         PlanDeferringMisses(r, [&] {
           return top->PlanWrite(r->offset,
                                 absl::MakeConstSpan(r->wbuf, r->len),
@@ -267,6 +268,7 @@ void Chain::PlanLocked(Request* r) {
       // way (evictions, a cache written before a free) is recorded, for
       // the executor.
       if (top != nullptr) {
+        if (PlanFillRound(r, top)) break;
         PlanDeferringMisses(r, [&] {
           return top->Zero(r->offset, r->len, discard || r->unmap, &r->plan,
                            &r->zero_done, &r->zero_more);
@@ -433,6 +435,20 @@ void Chain::LoadMiss(Request* r) {
   PlanLocked(r);
 }
 
+bool Chain::PlanFillRound(Request* r, Qcow2Layer* top) {
+  // One fill at a time (a flush waits for it): while another runs, the
+  // request's planning fills the clusters at once, under the lock.
+  if (!top->HasPending() || filling_ != nullptr) return false;
+  PlanDeferringMisses(r, [&] {
+    return top->PlanFillsFor(r->offset, r->len, &r->plan);
+  });
+  if (!r->status.ok() || r->miss_cache != nullptr || r->parked) return true;
+  if (!r->plan.HasWork()) return false;  // nothing to fill: plan r itself
+  r->filling = true;
+  filling_ = r;
+  return true;
+}
+
 void Chain::NextRound(Request* r) {
   std::lock_guard<std::mutex> lock(mu_);
   UnderLockScope under_lock;
@@ -533,6 +549,13 @@ void Chain::PlanFill(Request* r, Qcow2Layer* top) {
 }
 
 void Chain::EndFill(Request* r) {
+  // What the commits write out (a cache written before a new dependency)
+  // goes into a log for the request's executor, written before its own
+  // I/O (the flush proper, or the write the fill was for).
+  WriteBackFile* const meta = TopWriteBack();
+  EvictionScope evictions(meta, r);
+  WriteBackFile::RecordScope record(
+      r->status.ok() && !r->plan.commits.empty() ? meta : nullptr);
   if (r->status.ok()) {
     for (auto& commit : r->plan.commits) {
       // Each commit ends its own cluster's fill: run them all.
@@ -713,9 +736,11 @@ absl::Status Chain::RunSync(Request* r) {
     }
     Grow(r);
     if (r->filling) {
-      // A flush's fill of pending clusters: its I/O with no lock held.
+      // A fill of pending clusters: its I/O with no lock held. A flush
+      // goes on to its write-back; other requests were planned again.
       if (r->status.ok()) r->status = RunPlanIo(r->plan, &r->stats);
       FinishFill(r);
+      if (r->kind != Request::kFlush && r->status.ok()) continue;
     }
     if (r->status.ok() && r->record_flush) RecordFlush(r);
     if (r->status.ok() && r->write_back_file != nullptr) {

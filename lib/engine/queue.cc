@@ -208,6 +208,18 @@ class QueueImpl final : public Waiter, public Chain::StatsSource {
     Issue(r, &r->miss_op, kOpRead);
   }
 
+  // After the chain planned r again (a new round, or r itself after its
+  // fill): its phases start over. False if it is parked.
+  bool Replanned(Request* r) {
+    r->phase = 0;
+    if (r->parked) {
+      ++parked_;
+      return false;
+    }
+    if (r->miss_cache != nullptr) IssueMiss(r);
+    return true;
+  }
+
   // Runs the request's phases while nothing of it is in flight.
   void Advance(Request* r) {
     while (r->pending == 0) {
@@ -234,6 +246,12 @@ class QueueImpl final : public Waiter, public Chain::StatsSource {
             // polled. FinishFill then plans the flush proper.
             if (r->status.ok()) r->status = RunPlanIo(r->plan, &r->stats);
             chain_->FinishFill(r);
+            // The fill a write, write-zeroes or discard needed first: the
+            // request itself is planned now.
+            if (r->kind != Request::kFlush && r->status.ok()) {
+              if (!Replanned(r)) return;
+              continue;
+            }
           }
           // A flush records (or finds recorded) its metadata write-back:
           // blocking, as it may wait for another flush's log.
@@ -270,12 +288,7 @@ class QueueImpl final : public Waiter, public Chain::StatsSource {
             // it and plan the next, which runs its phases from the start.
             chain_->NextRound(r);
             if (r->status.ok()) {
-              r->phase = 0;
-              if (r->parked) {
-                ++parked_;
-                return;
-              }
-              if (r->miss_cache != nullptr) IssueMiss(r);
+              if (!Replanned(r)) return;
               continue;
             }
           }

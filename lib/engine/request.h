@@ -88,6 +88,9 @@ struct Request {
   // the clusters in the lock list. The executor runs the plan at once,
   // blocking, with no lock held (another flush may wait for it), then
   // calls Chain::FinishFill, which commits it and plans the flush proper.
+  // A request holding its range whole fills the pending clusters it
+  // covers in part the same way (Chain::PlanFillRound), with no
+  // fill_locks: FinishFill then plans the request itself.
   bool filling = false;
   bool filled = false;
   // kFlush: the executor calls Chain::RecordFlush, which records the

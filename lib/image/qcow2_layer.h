@@ -132,6 +132,7 @@ class Qcow2Layer : public Layer {
   absl::Status SettleAllPending();
   // The pending clusters, in guest order.
   std::vector<uint64_t> PendingClusters() const;
+  bool HasPending() const { return !pending_.empty(); }
   // Plans the fill of a pending cluster into `plan`: reads of its
   // uncovered units from the chain below (standard L2 only), their writes
   // into its host cluster, and writes of copies of the bytes of writes in
@@ -142,6 +143,14 @@ class Qcow2Layer : public Layer {
   // PlanFill, carried out at once (blocking I/O, under the caller's lock)
   // and committed.
   absl::Status Materialize(uint64_t cluster);
+  // For a request that holds guest range [offset, +len) whole (a write
+  // not allowed a byte-range lock, write-zeroes, discard), before it
+  // plans: drops the pending clusters inside the range whole (their host
+  // clusters freed) and plans the fill of those it covers in part into
+  // `plan` (PlanFill), or commits such a fill at once when it has nothing
+  // to copy. The caller carries out the plan, commits it, and only then
+  // plans the request, which finds no pending cluster in its range.
+  absl::Status PlanFillsFor(uint64_t offset, uint64_t len, IoPlan* plan);
   // Makes the range read as zeros; with `free_clusters`, host clusters of
   // fully covered clusters are released. Metadata changes are made at
   // once. Zero bytes written into part of a cluster (or, with extended
@@ -280,7 +289,9 @@ class Qcow2Layer : public Layer {
   // Materializes the pending clusters in guest range [offset, +len); with
   // `drop_whole`, those inside it whole are dropped instead (the caller
   // overwrites them), their host clusters freed.
-  absl::Status SettlePendingIn(uint64_t offset, uint64_t len, bool drop_whole);
+  // With `fills`, the fills are planned into it instead (PlanFillsFor).
+  absl::Status SettlePendingIn(uint64_t offset, uint64_t len, bool drop_whole,
+                               IoPlan* fills = nullptr);
   // The length of [offset, +len) before the first pending cluster after
   // `offset`'s own.
   uint64_t ClipAtPending(uint64_t offset, uint64_t len) const;

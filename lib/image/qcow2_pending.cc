@@ -344,8 +344,13 @@ absl::Status Qcow2Layer::SettleAllPending() {
   return SettlePendingIn(0, ~uint64_t{0}, /*drop_whole=*/false);
 }
 
+absl::Status Qcow2Layer::PlanFillsFor(uint64_t offset, uint64_t len,
+                                      IoPlan* plan) {
+  return SettlePendingIn(offset, len, /*drop_whole=*/true, plan);
+}
+
 absl::Status Qcow2Layer::SettlePendingIn(uint64_t offset, uint64_t len,
-                                         bool drop_whole) {
+                                         bool drop_whole, IoPlan* fills) {
   if (pending_.empty() || len == 0) return absl::OkStatus();
   const uint32_t bits = map_->geometry().cluster_bits;
   const uint64_t cs = map_->geometry().cluster_size;
@@ -368,7 +373,22 @@ absl::Status Qcow2Layer::SettlePendingIn(uint64_t offset, uint64_t len,
       RETURN_IF_ERROR(refcounts_->Update(host, cs, -1));
       continue;
     }
-    if (absl::Status s = Materialize(cluster); !s.ok()) return Fail(s);
+    if (fills == nullptr) {
+      if (absl::Status s = Materialize(cluster); !s.ok()) return Fail(s);
+      continue;
+    }
+    const size_t commits = fills->commits.size();
+    const size_t aborts = fills->aborts.size();
+    RETURN_IF_ERROR(PlanFill(cluster, fills));
+    if (fills->writes.empty() && fills->reads.empty()) {
+      // Nothing to copy (the rest of a fresh cluster reads as zeros):
+      // committed now, as Materialize would.
+      for (size_t i = commits; i < fills->commits.size(); ++i) {
+        if (absl::Status s = fills->commits[i](); !s.ok()) return Fail(s);
+      }
+      fills->commits.resize(commits);
+      fills->aborts.resize(aborts);
+    }
   }
   return absl::OkStatus();
 }
