@@ -411,6 +411,58 @@ TEST_F(DeferredCowTest, FlushFillsPendingClustersWithoutTheLock) {
   CloseAndVerify();
 }
 
+// A flush that meets a request granted a pending cluster whole but not
+// planned yet (its queue not polled since) fills that cluster with no
+// lock held, as any other (it filled it under the lock before). The
+// request, planned meanwhile, waits for the fill: written before it, its
+// bytes in the cluster would be overwritten by the fill's copy.
+TEST_F(DeferredCowTest, AFlushFillsAClusterHeldWholeWithoutTheLock) {
+  testing::GateOpener opener(kFillRead);
+  const uint64_t c = 3 * kCluster;
+  testing::GateFile* base_file = ReopenWithPending(&opener, c, 70);
+  ASSERT_NE(base_file, nullptr);
+  Image* image = image_.get();
+  const IoStats before = image->GetStats();
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Queue> q, image->CreateQueue());
+  // A read of the pending cluster's other 60 KiB (from the backing file,
+  // held), then a write across the cluster and the one before, which
+  // holds both whole and waits for the read.
+  base_file->Arm();
+  std::thread reader(
+      [&] { EXPECT_OK(ReadMatches(c + 4096, kCluster - 4096)); });
+  ASSERT_TRUE(base_file->WaitBlocked());
+  const std::vector<uint8_t> across = Pattern(c - 8192, 16384, 71);
+  int done = 0;
+  ASSERT_OK(q->SubmitWrite(c - 8192, across, [&](absl::Status s) {
+    EXPECT_OK(s);
+    ++done;
+  }));
+  // The read completes and the write is granted its clusters; its queue,
+  // which plans it, is not polled yet.
+  base_file->Release();
+  reader.join();
+  EXPECT_EQ(done, 0);
+  base_file->Arm();
+  std::thread flusher([&] { ASSERT_OK(image->Flush()); });
+  ASSERT_TRUE(base_file->WaitBlocked());  // the fill's read
+  std::future<absl::Status> read = std::async(
+      std::launch::async, [&] { return ReadMatches(9 * kCluster, 4096); });
+  EXPECT_EQ(read.wait_for(std::chrono::seconds(20)),
+            std::future_status::ready)
+      << "a read waited for the flush's fill: it held the lock";
+  q->Poll(0);  // the write is planned, and waits for the fill
+  EXPECT_EQ(done, 0);
+  base_file->Release();
+  flusher.join();
+  EXPECT_OK(read.get());
+  q->Drain();
+  EXPECT_EQ(done, 1);
+  Put(&model_, c - 8192, across);
+  EXPECT_EQ(image->GetStats().Since(before).host_calls_under_lock, 0u);
+  q.reset();
+  CloseAndVerify();
+}
+
 // A flush that begins while an earlier flush fills a pending cluster
 // returns only after that fill is committed: the writes it covers may be
 // in that cluster, whose L2 entry the fill sets.

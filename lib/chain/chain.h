@@ -176,8 +176,9 @@ class Chain {
   // A flush's first step: plans the fill of the top's pending clusters
   // into r->plan, each held in the lock list (r->fill_locks) until
   // FinishFill, so that no later request touches it meanwhile. Clusters
-  // that an earlier request holds whole are filled at once, under the
-  // lock, instead. Sets r->filling if there is I/O to run.
+  // that an earlier request holds whole are filled with no hold: that
+  // request waits for the fill before it plans (PlanFillRound). Sets
+  // r->filling if there is I/O to run.
   void PlanFill(Request* r, Qcow2Layer* top);
   // Ends the fill stage: aborts or commits, releases the fill locks.
   void EndFill(Request* r);
@@ -187,11 +188,11 @@ class Chain {
   // its own, which its executor runs at once, blocking, with no lock held
   // (as a flush's fill) before FinishFill plans the request. Returns true
   // when r's planning stops here: a fill to run (r->filling), a deferred
-  // miss, a parked request, or an error. While another fill runs, returns
-  // false and the request fills its clusters at once, under the lock.
+  // miss, a parked request (while another fill runs, r waits for it in
+  // fill_waiters_), or an error.
   bool PlanFillRound(Request* r, Qcow2Layer* top);
   // The request whose fill is in flight (a flush's, or one planned by
-  // PlanFillRound), and flushes waiting for it.
+  // PlanFillRound), and the requests waiting for it.
   Request* filling_ = nullptr;
   std::vector<Request*> fill_waiters_;
   // Group commit (RecordFlush): flushes recorded so far, the last one's

@@ -436,9 +436,15 @@ void Chain::LoadMiss(Request* r) {
 }
 
 bool Chain::PlanFillRound(Request* r, Qcow2Layer* top) {
-  // One fill at a time (a flush waits for it): while another runs, the
-  // request's planning fills the clusters at once, under the lock.
-  if (!top->HasPending() || filling_ != nullptr) return false;
+  if (!top->HasPendingIn(r->offset, r->len)) return false;
+  if (filling_ != nullptr) {
+    // One fill at a time, and the one in flight may be filling clusters
+    // of r's (a flush fills those of a request granted them whole): r
+    // waits for it, which runs at once on its executor's thread.
+    fill_waiters_.push_back(r);
+    r->parked = true;
+    return true;
+  }
   PlanDeferringMisses(r, [&] {
     return top->PlanFillsFor(r->offset, r->len, &r->plan);
   });
@@ -491,10 +497,10 @@ void Chain::PlanFill(Request* r, Qcow2Layer* top) {
     const uint64_t first = cluster * per_cluster;
     const uint64_t last = first + per_cluster - 1;
     // A request granted the whole cluster (a write, write-zeroes or
-    // discard, perhaps still planning after a deferred miss) may settle
-    // the cluster itself when it plans: fill it now, under the lock, as
-    // it would. Requests holding bytes of it (reads, and writes into its
-    // units, whose bytes the fill writes again) do not mind.
+    // discard, not planned yet or reading a deferred miss) keeps it: no
+    // hold is needed, and when it plans it waits for this fill
+    // (PlanFillRound). Requests holding bytes of it (reads, and writes
+    // into its units, whose bytes the fill writes again) do not mind.
     bool held_whole = false;
     for (const Request* other : lock_list_) {
       if (other->lock_granted && !other->lock_fine &&
@@ -504,14 +510,10 @@ void Chain::PlanFill(Request* r, Qcow2Layer* top) {
         break;
       }
     }
-    if (held_whole) {
-      s = top->Materialize(cluster);
-      if (!s.ok()) break;
-      continue;
-    }
     const size_t commits_before = r->plan.commits.size();
     s = top->PlanFill(cluster, &r->plan);
     if (!s.ok()) break;
+    if (held_whole) continue;
     if (r->plan.commits.size() == commits_before) continue;  // not pending
     // Held from now on: later requests on the cluster wait for the fill.
     // Adjacent clusters share one hold.

@@ -132,7 +132,8 @@ class Qcow2Layer : public Layer {
   absl::Status SettleAllPending();
   // The pending clusters, in guest order.
   std::vector<uint64_t> PendingClusters() const;
-  bool HasPending() const { return !pending_.empty(); }
+  // Whether a pending cluster lies in guest range [offset, +len).
+  bool HasPendingIn(uint64_t offset, uint64_t len) const;
   // Plans the fill of a pending cluster into `plan`: reads of its
   // uncovered units from the chain below (standard L2 only), their writes
   // into its host cluster, and writes of copies of the bytes of writes in

@@ -393,6 +393,17 @@ absl::Status Qcow2Layer::SettlePendingIn(uint64_t offset, uint64_t len,
   return absl::OkStatus();
 }
 
+bool Qcow2Layer::HasPendingIn(uint64_t offset, uint64_t len) const {
+  if (pending_.empty() || len == 0) return false;
+  const uint32_t bits = map_->geometry().cluster_bits;
+  const uint64_t first = offset >> bits;
+  const uint64_t last = (offset + len - 1) >> bits;
+  for (const auto& [cluster, p] : pending_) {
+    if (cluster >= first && cluster <= last) return true;
+  }
+  return false;
+}
+
 uint64_t Qcow2Layer::ClipAtPending(uint64_t offset, uint64_t len) const {
   const uint32_t bits = map_->geometry().cluster_bits;
   const uint64_t own = offset >> bits;

@@ -17,6 +17,7 @@ void GateFile::Release() {
   std::lock_guard<std::mutex> lock(mu_);
   armed_ = false;
   released_ = true;
+  blocked_ = 0;  // armed again, it holds the next matching operation
   cv_.notify_all();
 }
 

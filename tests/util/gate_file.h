@@ -29,7 +29,7 @@ struct GateSpec {
 
 // Once armed, the first matching operation waits for Release(); every
 // other operation, and matching ones after that first, go straight to the
-// file beneath.
+// file beneath (until the gate is armed again).
 class GateFile : public File {
  public:
   GateFile(std::unique_ptr<File> inner, GateSpec spec)
