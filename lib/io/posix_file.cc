@@ -200,8 +200,10 @@ absl::Status PosixFile::Reserve(uint64_t offset, uint64_t len) {
     return absl::OkStatus();
   }
   if (errno == EOPNOTSUPP || errno == ENOSYS) {
-    return absl::UnimplementedError(
-        absl::StrCat("no fallocate on the file system of ", name_));
+    // No fallocate on this file system (ext2, some network and FUSE file
+    // systems): lengthen the file only, never shortening it, as on tmpfs.
+    // Writes there allocate (and report a full disk) themselves.
+    return GrowTo(offset + len);
   }
   return ErrnoError(errno, absl::StrCat("reserving ", len, " bytes at ",
                                         offset, " of"),

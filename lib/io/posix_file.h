@@ -66,9 +66,10 @@ class PosixFile : public File {
   absl::Status RawRead(uint64_t offset, uint8_t* buf, size_t len);
   absl::Status RawWrite(uint64_t offset, const uint8_t* buf, size_t len);
   bool Aligned(uint64_t offset, const void* buf, size_t len) const;
-  // Makes the file at least `size` bytes long; never shorter. (Reserve
-  // runs with no lock of the image's held: size_mu_ orders the two
-  // steps against other lengthenings.)
+  // Makes the file at least `size` bytes long; never shorter. Reserve's
+  // way on tmpfs and ramfs, and where the file system has no fallocate.
+  // (Reserve runs with no lock of the image's held: size_mu_ orders the
+  // two steps against other lengthenings.)
   absl::Status GrowTo(uint64_t size);
 
   const int fd_;
