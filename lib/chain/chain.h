@@ -66,10 +66,11 @@ class Chain {
   // that happens to be zero counts as data). Caller holds mu_.
   absl::StatusOr<bool> ReadsAsZero(int depth, uint64_t offset, uint64_t len);
 
-  // --- The request engine (lib/engine/chain_engine.cc). Every guest
-  // request goes: Begin (takes its guest clusters in arrival order; plans
-  // when it has them) -> the plan's I/O, by any executor, with no lock ->
-  // Finish (commits or aborts, lets waiting requests go). Flushes plan a
+  // --- The request engine (lib/engine/chain_engine.cc; the fill stage
+  // and flush recording in chain_fill.cc). Every guest request goes:
+  // Begin (takes its guest clusters in arrival order; plans when it has
+  // them) -> the plan's I/O, by any executor, with no lock -> Finish
+  // (commits or aborts, lets waiting requests go). Flushes plan a
   // metadata write-back, then the executor flushes r->flush_file.
 
   // Checks the request (closed, writable, range) without queuing it.
