@@ -12,6 +12,7 @@
 #include "lib/cache/metadata_cache.h"
 #include "lib/engine/plan.h"
 #include "lib/io/memory_file.h"
+#include "lib/util/endian.h"
 #include "qcow2/image.h"
 #include "tests/util/gate_file.h"
 #include "tests/util/model.h"
@@ -431,6 +432,42 @@ TEST(MissDeferral, AFreedClustersRefcountBlockIsReadWithoutTheLock) {
                           [](uint8_t c) { return c == 0; }));
   const std::vector<uint8_t> rest = Pattern(1 << 20, mid + 65536, 65536);
   EXPECT_TRUE(std::equal(rest.begin(), rest.end(), all.begin() + mid + 65536));
+}
+
+// A write that outgrows the refcount table moves it, and frees the old
+// table's clusters: the refcount block that counts them is read, before
+// anything changes, with no lock held. Before, that block (long evicted
+// from a cache of four) was read under the lock in the middle of the
+// table's growth.
+TEST(MissDeferral, RefcountTableGrowthReadsItsBlockWithoutTheLock) {
+  TempDir dir;
+  const std::string path = dir.File("img.qcow2");
+  // 512-byte clusters with 64-bit refcounts: a block counts 64 clusters
+  // (32 KiB) and the first table's 64 entries 2 MiB of the file.
+  CreateOptions co;
+  co.size = 8 << 20;
+  co.cluster_size = 512;
+  co.refcount_bits = 64;
+  ASSERT_OK(CreateImage(path, co));
+  OpenOptions oo;
+  oo.read_write = true;
+  oo.refcount_cache_bytes = 4 * 512;
+  ASSERT_OK_AND_ASSIGN(auto image, Image::Open(path, oo));
+  std::vector<uint8_t> data(4 << 20);
+  testing::FillPseudoRandom(53, absl::MakeSpan(data));
+  for (uint64_t off = 0; off < data.size(); off += 65536) {
+    ASSERT_OK(image->Write(
+        off, absl::MakeConstSpan(data.data() + off, 65536)));
+  }
+  EXPECT_EQ(image->GetStats().host_calls_under_lock, 0u);
+  ASSERT_OK(image->Close());
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> file, testing::ReadFileBytes(path));
+  ASSERT_GE(file.size(), 64u);
+  EXPECT_GT(internal::LoadBE32(&file[56]), 1u) << "the table did not grow";
+  if (!testing::HaveQemu()) return;
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> all,
+                       testing::QemuCheckedReadAll(path));
+  EXPECT_TRUE(std::equal(data.begin(), data.end(), all.begin()));
 }
 
 // A discard of many more clusters than one probe looks at (1,024) goes a

@@ -380,10 +380,23 @@ absl::Status Refcounts::Update(uint64_t offset, uint64_t len, int64_t delta) {
 
 absl::Status Refcounts::ProbeAllocate(uint64_t n) {
   uint64_t found = 0;
-  for (uint64_t c = free_hint_; found < n; ++c) {
+  uint64_t c = free_hint_;
+  for (; found < n; ++c) {
     if ((c + 1) << cluster_bits_ > kMaxHostOffset) break;
     ASSIGN_OR_RETURN(uint64_t rc, Get(c, /*may_defer=*/true));
     if (rc == 0 && !Quarantined(c, 1)) ++found;
+  }
+  // Allocating that far (with the blocks that count it, just past it) may
+  // outgrow the table. GrowTable then frees the old table's clusters,
+  // which reads the blocks that count them: look at those too.
+  if (c / block_entries_ + 2 >= table_.size()) {
+    const uint64_t first = table_offset_ >> cluster_bits_;
+    const uint64_t end = first + table_clusters_;
+    for (uint64_t t = first; t < end; t = (t / block_entries_ + 1) *
+                                          block_entries_) {
+      ASSIGN_OR_RETURN(uint64_t rc, Get(t, /*may_defer=*/true));
+      (void)rc;
+    }
   }
   return absl::OkStatus();
 }

@@ -82,7 +82,9 @@ class Refcounts {
   absl::StatusOr<uint64_t> Allocate(uint64_t n);
   // Looks for the clusters `n` calls of Allocate(1) would return (free
   // ones from the search's starting point on), changing nothing: the
-  // refcount blocks the search meets may be deferred misses.
+  // refcount blocks the search meets may be deferred misses, and so may
+  // the blocks counting the refcount table when the search nears the end
+  // of what the table covers (a growth frees the old table).
   absl::Status ProbeAllocate(uint64_t n);
 
   // Writes dirty refcount blocks (not the file flush) and lets clusters
