@@ -389,6 +389,85 @@ TEST_F(SliceMiss, ADiscardReadsItsL2SliceWithoutTheLock) {
   EXPECT_TRUE(std::equal(b.begin(), b.end(), all.begin() + 3000));
 }
 
+// A block-status query (what `convert` and `map` walk an image with, and
+// a backup tool beside a running guest) reads an L2 slice not cached with
+// no lock held: requests elsewhere complete meanwhile. Before, it read
+// the slice under the lock.
+TEST_F(SliceMiss, BlockStatusReadsItsL2SliceWithoutTheLock) {
+  Image* image = image_.get();
+  const uint64_t far = 40 << 20;  // slice 10, not cached
+  std::vector<uint8_t> b(1000);
+  testing::FillPseudoRandom(7, absl::MakeSpan(b));
+  const IoStats before = image->GetStats();
+  BlockStatus bs;
+  testing::HoldAndExpectGoesOn(
+      gate_,
+      [&] { ASSERT_OK_AND_ASSIGN(bs, image->GetBlockStatus(far, 1 << 20)); },
+      ReadAndWriteCached(image, b), "a block status's L2 slice");
+  const IoStats st = image->GetStats();
+  EXPECT_EQ(st.host_calls_under_lock, 0u);
+  EXPECT_EQ(st.l2_read_bytes - before.l2_read_bytes, 512u);
+  EXPECT_EQ(bs.offset, far);
+  EXPECT_EQ(bs.length, 1u << 20);  // written in one piece: contiguous
+  EXPECT_TRUE(bs.data);
+  EXPECT_EQ(bs.depth, 0);
+  // The same answer as a walk that found the slice cached.
+  ASSERT_OK_AND_ASSIGN(BlockStatus again, image->GetBlockStatus(far, 1 << 20));
+  EXPECT_EQ(again.host_offset, bs.host_offset);
+  EXPECT_EQ(again.length, bs.length);
+  std::vector<uint8_t> r(1000);
+  ASSERT_OK(image->Read(far, absl::MakeSpan(r)));
+  EXPECT_EQ(r, Pattern(1 << 20, far, r.size()));
+  ASSERT_OK(image->Close());
+  if (!testing::HaveQemu()) return;
+  testing::CommandResult check = testing::QemuCheck(path_);
+  EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
+}
+
+// A slice read for a block-status query that evicts a slice changed and
+// not yet written writes it out after the lock is let go, not under it;
+// the change reaches the disk in order all the same.
+TEST(MissDeferral, BlockStatusWritesWhatItEvictsWithoutTheLock) {
+  TempDir dir;
+  const std::string path = dir.File("img.qcow2");
+  {
+    std::unique_ptr<Image> image = CreateFilled(path, 64 << 20);
+    ASSERT_NE(image, nullptr);
+    ASSERT_OK(image->Close());
+  }
+  OpenOptions oo;
+  oo.read_write = true;
+  oo.l2_slice_bytes = 512;  // 4 MiB of guest space each
+  oo.l2_cache_bytes = 4 * 512;
+  ASSERT_OK_AND_ASSIGN(auto image, Image::Open(path, oo));
+  // Four slices changed, the cache full of them.
+  for (uint64_t k = 0; k < 4; ++k) {
+    ASSERT_OK(image->Discard(k * (4 << 20), 65536));
+  }
+  const uint64_t far = 40 << 20;
+  ASSERT_OK_AND_ASSIGN(BlockStatus bs, image->GetBlockStatus(far, 1 << 20));
+  EXPECT_TRUE(bs.data);
+  EXPECT_EQ(bs.length, 1u << 20);
+  EXPECT_GT(image->GetStats().l2_write_bytes, 0u) << "nothing was evicted";
+  EXPECT_EQ(image->GetStats().host_calls_under_lock, 0u);
+  // Each discarded cluster reads as zeros, through us and through qemu.
+  ASSERT_OK_AND_ASSIGN(bs, image->GetBlockStatus(0, 1 << 20));
+  EXPECT_TRUE(bs.zero);
+  EXPECT_EQ(bs.length, 65536u);
+  ASSERT_OK(image->Close());
+  if (!testing::HaveQemu()) return;
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> all,
+                       testing::QemuCheckedReadAll(path));
+  for (uint64_t k = 0; k < 4; ++k) {
+    const auto at = all.begin() + static_cast<ptrdiff_t>(k * (4 << 20));
+    EXPECT_TRUE(std::all_of(at, at + 65536, [](uint8_t c) { return c == 0; }))
+        << "slice " << k;
+    const std::vector<uint8_t> rest =
+        Pattern(1 << 20, k * (4 << 20) + 65536, 4096);
+    EXPECT_TRUE(std::equal(rest.begin(), rest.end(), at + 65536));
+  }
+}
+
 // A discard that frees a host cluster reads the refcount block of that
 // cluster before it changes anything, with no lock held: requests
 // elsewhere complete meanwhile. Before, the free read it under the lock.

@@ -139,7 +139,9 @@ class Image {
   absl::Status Close();
 
   // The status of the range starting at `offset`, as long as it stays
-  // uniform but at most `max_len` bytes (and never past size()).
+  // uniform but at most `max_len` bytes (and never past size()). Safe
+  // beside requests in flight on any queue; a table it must read is read
+  // without holding up their planning.
   absl::StatusOr<BlockStatus> GetBlockStatus(uint64_t offset,
                                              uint64_t max_len);
 

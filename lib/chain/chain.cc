@@ -9,6 +9,8 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "lib/engine/eviction_scope.h"
+#include "lib/engine/plan.h"
 #include "lib/format/header.h"
 #include "lib/image/qcow2_layer.h"
 #include "lib/util/endian.h"
@@ -360,8 +362,87 @@ absl::StatusOr<bool> Chain::ReadsAsZero(int depth, uint64_t offset,
 
 absl::StatusOr<BlockStatus> Chain::GetBlockStatus(uint64_t offset,
                                                   uint64_t max_len) {
-  std::lock_guard<std::mutex> lock(mu_);
-  UnderLockScope under_lock;
+  // A table not cached is read with no lock held, as a read request's is:
+  // the walk stops at the miss, the entry is read, and the walk starts
+  // over. The entries read stay pinned until the walk is done.
+  std::vector<MetadataCache::Handle> pinned;
+  IoStats stats;
+  int stale = 0;
+  while (true) {
+    MetadataCache* cache = nullptr;
+    IoPlan buffers;
+    IoOp op;
+    uint64_t want = 0, epoch = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      UnderLockScope under_lock;
+      StatsScope scope(&stats);
+      std::optional<MissDeferral> deferral;
+      // Entries that keep going stale while they are read: read at once.
+      if (stale < kMaxStaleMisses) {
+        deferral.emplace(&buffers, /*even_with_work=*/true);
+      }
+      absl::StatusOr<BlockStatus> bs = BlockStatusLocked(offset, max_len);
+      if (!deferral.has_value() || !deferral->deferred()) {
+        pinned.clear();
+        retired_stats_ += stats;
+        return bs;
+      }
+      cache = deferral->cache;
+      want = deferral->offset;
+      epoch = deferral->epoch;
+      op.file = cache->read_file();
+      op.offset = deferral->read_start;
+      op.category = IoCategory::kMetadata;
+      op.Add(buffers.Buffer(deferral->read_len), deferral->read_len);
+    }
+    absl::Status read = RunOp(op, /*write=*/false);
+    uint64_t ticket = 0;
+    WriteBackFile* evicted = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      UnderLockScope under_lock;
+      StatsScope scope(&stats);
+      absl::StatusOr<MetadataCache::Handle> entry = ClosedError();
+      if (!read.ok()) {
+        entry = absl::Status(read.code(),
+                             absl::StrCat("reading ", cache->what(), " at ",
+                                          want, ": ", read.message()));
+      } else if (!closed_) {
+        // Evictions it causes are recorded, and written below.
+        EvictionScope evictions(TopWriteBack(), &ticket, &evicted);
+        const iovec& v = op.iov[0];
+        entry = cache->InsertLoaded(
+            op.offset, want, epoch,
+            absl::MakeConstSpan(static_cast<const uint8_t*>(v.iov_base),
+                                v.iov_len));
+      }
+      if (!entry.ok()) {
+        pinned.clear();
+        retired_stats_ += stats;
+        return entry.status();
+      }
+      if (*entry == nullptr) {
+        ++stale;
+      } else {
+        pinned.push_back(std::move(*entry));
+      }
+    }
+    // Metadata the insertion evicted, recorded into the log: written now,
+    // with no lock held, as a request's executor writes its own.
+    absl::Status written =
+        evicted != nullptr ? evicted->WriteBack(ticket) : absl::OkStatus();
+    if (!written.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      pinned.clear();
+      retired_stats_ += stats;
+      return written;
+    }
+  }
+}
+
+absl::StatusOr<BlockStatus> Chain::BlockStatusLocked(uint64_t offset,
+                                                     uint64_t max_len) {
   if (closed_) {
     return absl::FailedPreconditionError(
         absl::StrCat(layers_[0]->filename(), ": image is closed"));

@@ -146,6 +146,9 @@ class Chain {
   absl::Status CheckRange(uint64_t offset, uint64_t len) const;
   absl::Status CheckWritable() const;
   Qcow2Layer* top_qcow2();
+  // GetBlockStatus's walk down the layers, under mu_.
+  absl::StatusOr<BlockStatus> BlockStatusLocked(uint64_t offset,
+                                                uint64_t max_len);
   // The top's metadata write-back file, if it is a writable qcow2 layer.
   WriteBackFile* TopWriteBack();
   // Lets the top layer read the layers below for copy-on-write.
