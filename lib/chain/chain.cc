@@ -391,10 +391,7 @@ absl::StatusOr<BlockStatus> Chain::GetBlockStatus(uint64_t offset,
       cache = deferral->cache;
       want = deferral->offset;
       epoch = deferral->epoch;
-      op.file = cache->read_file();
-      op.offset = deferral->read_start;
-      op.category = IoCategory::kMetadata;
-      op.Add(buffers.Buffer(deferral->read_len), deferral->read_len);
+      op = MissRead(*deferral, &buffers);
     }
     absl::Status read = RunOp(op, /*write=*/false);
     uint64_t ticket = 0;
@@ -405,9 +402,7 @@ absl::StatusOr<BlockStatus> Chain::GetBlockStatus(uint64_t offset,
       StatsScope scope(&stats);
       absl::StatusOr<MetadataCache::Handle> entry = ClosedError();
       if (!read.ok()) {
-        entry = absl::Status(read.code(),
-                             absl::StrCat("reading ", cache->what(), " at ",
-                                          want, ": ", read.message()));
+        entry = MissReadError(cache, want, read);
       } else if (!closed_) {
         // Evictions it causes are recorded, and written below.
         EvictionScope evictions(TopWriteBack(), &ticket, &evicted);

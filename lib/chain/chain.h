@@ -20,6 +20,8 @@
 
 namespace qcow2::internal {
 
+class MetadataCache;
+class MissDeferral;
 class Qcow2Layer;
 class WriteBackFile;
 
@@ -206,6 +208,11 @@ class Chain {
   uint64_t covering_generation_ = 0;
   bool flush_recording_ = false;
   std::condition_variable flush_recorded_cv_;
+  // The read of a deferred miss, into a buffer `buffers` owns; and the
+  // error of a failed one, naming what was read.
+  static IoOp MissRead(const MissDeferral& deferral, IoPlan* buffers);
+  static absl::Status MissReadError(const MetadataCache* cache,
+                                    uint64_t offset, const absl::Status& s);
   // Runs `plan` for r with metadata misses deferred (MissDeferral) and,
   // on a miss, drops the partial plan and sets r->miss_*.
   void PlanDeferringMisses(Request* r, absl::FunctionRef<absl::Status()> plan);

@@ -337,12 +337,24 @@ void Chain::PlanDeferringMisses(Request* r,
   }
   r->miss_cache = cache;
   r->miss_epoch = deferral.epoch;
-  r->miss_op = IoOp();
-  r->miss_op.file = cache->read_file();
   r->miss_offset = deferral.offset;
-  r->miss_op.offset = deferral.read_start;
-  r->miss_op.category = IoCategory::kMetadata;
-  r->miss_op.Add(r->plan.Buffer(deferral.read_len), deferral.read_len);
+  r->miss_op = MissRead(deferral, &r->plan);
+}
+
+IoOp Chain::MissRead(const MissDeferral& deferral, IoPlan* buffers) {
+  IoOp op;
+  op.file = deferral.cache->read_file();
+  op.offset = deferral.read_start;
+  op.category = IoCategory::kMetadata;
+  op.Add(buffers->Buffer(deferral.read_len), deferral.read_len);
+  return op;
+}
+
+absl::Status Chain::MissReadError(const MetadataCache* cache,
+                                  uint64_t offset, const absl::Status& s) {
+  return absl::Status(s.code(), absl::StrCat("reading ", cache->what(),
+                                             " at ", offset, ": ",
+                                             s.message()));
 }
 
 void Chain::Grow(Request* r) {
@@ -372,10 +384,7 @@ void Chain::LoadMiss(Request* r) {
     for (Request* w : node.mapped().parked) w->waiter->Wake(w);
   }
   if (!r->status.ok()) {
-    r->status = absl::Status(
-        r->status.code(), absl::StrCat("reading ", cache->what(), " at ",
-                                       r->miss_offset, ": ",
-                                       r->status.message()));
+    r->status = MissReadError(cache, r->miss_offset, r->status);
     return;
   }
   const iovec& v = r->miss_op.iov[0];
