@@ -6,7 +6,7 @@
 
 #include "benchmark/benchmark.h"
 #include "lib/format/entries.h"
-#include "lib/util/endian.h"
+#include "lib/base/endian.h"
 
 namespace qcow2::bench {
 namespace {

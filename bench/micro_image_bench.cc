@@ -10,9 +10,9 @@
 
 #include "bench/micro_util.h"
 #include "benchmark/benchmark.h"
-#include "lib/cluster/cluster_map.h"
-#include "lib/io/memory_file.h"
-#include "lib/refcount/refcounts.h"
+#include "lib/meta/cluster_map.h"
+#include "testing/memory_file.h"
+#include "lib/meta/refcounts.h"
 #include "qcow2/image.h"
 
 namespace qcow2::bench {

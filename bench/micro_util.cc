@@ -1,7 +1,7 @@
 #include "bench/micro_util.h"
 
 #include "absl/strings/str_cat.h"
-#include "lib/util/endian.h"
+#include "lib/base/endian.h"
 #include "qcow2/image.h"
 
 namespace qcow2::bench {

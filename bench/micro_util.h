@@ -12,7 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "lib/format/header.h"
-#include "lib/io/memory_file.h"
+#include "testing/memory_file.h"
 
 namespace qcow2::bench {
 

@@ -34,7 +34,7 @@
 
 #include "absl/status/status.h"
 #include "fuzz/fuzz_util.h"
-#include "lib/compress/compress.h"
+#include "lib/format/compress.h"
 
 namespace qcow2::fuzz {
 namespace {

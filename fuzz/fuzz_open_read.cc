@@ -37,8 +37,8 @@
 
 #include "absl/status/status.h"
 #include "fuzz/fuzz_util.h"
-#include "lib/io/memory_file.h"
-#include "lib/refcount/check.h"
+#include "testing/memory_file.h"
+#include "lib/qcow2/check.h"
 #include "qcow2/image.h"
 #include "qcow2/options.h"
 

@@ -38,8 +38,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "fuzz/fuzz_util.h"
-#include "lib/io/memory_file.h"
-#include "lib/refcount/check.h"
+#include "testing/memory_file.h"
+#include "lib/qcow2/check.h"
 #include "qcow2/image.h"
 #include "qcow2/options.h"
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
-#include "lib/io/memory_file.h"
+#include "testing/memory_file.h"
 
 namespace qcow2::fuzz {
 

@@ -23,7 +23,7 @@
 
 #include "absl/types/span.h"
 #include "fuzz/fuzz_util.h"
-#include "lib/compress/compress.h"
+#include "lib/format/compress.h"
 #include "qcow2/options.h"
 
 namespace {

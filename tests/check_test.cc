@@ -5,7 +5,7 @@
 // counters and the same exit code, and `-r leaks` / `-r all` must repair
 // what QEMU's repairs do, leaving images that `qemu-img check` finds clean
 // and whose guest data is unchanged.
-#include "lib/refcount/check.h"
+#include "lib/qcow2/check.h"
 
 #include <unistd.h>
 
@@ -24,8 +24,8 @@
 #include "gtest/gtest.h"
 #include "lib/format/entries.h"
 #include "lib/format/header.h"
-#include "lib/io/memory_file.h"
-#include "lib/util/endian.h"
+#include "testing/memory_file.h"
+#include "lib/base/endian.h"
 #include "qcow2/file.h"
 #include "tests/util/json_lite.h"
 #include "tests/util/qemu_images.h"

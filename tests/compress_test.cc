@@ -1,4 +1,4 @@
-#include "lib/compress/compress.h"
+#include "lib/format/compress.h"
 
 #include <zlib.h>
 #include <zstd.h>
@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "gtest/gtest.h"
-#include "lib/util/endian.h"
+#include "lib/base/endian.h"
 #include "qcow2/options.h"
 #include "tests/util/test_util.h"
 

@@ -14,8 +14,8 @@
 #include "gtest/gtest.h"
 #include "qcow2/image.h"
 #include "qcow2/queue.h"
-#include "tests/util/gate_file.h"
-#include "tests/util/model.h"
+#include "testing/gate_file.h"
+#include "testing/model.h"
 #include "tests/util/qemu_images.h"
 #include "tests/util/test_util.h"
 

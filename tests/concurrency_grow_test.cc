@@ -19,8 +19,8 @@
 #include "lib/io/posix_file.h"
 #include "qcow2/image.h"
 #include "qcow2/queue.h"
-#include "tests/util/gate_file.h"
-#include "tests/util/model.h"
+#include "testing/gate_file.h"
+#include "testing/model.h"
 #include "tests/util/test_util.h"
 
 namespace qcow2 {

@@ -9,13 +9,13 @@
 #include <thread>
 
 #include "gtest/gtest.h"
-#include "lib/cache/metadata_cache.h"
-#include "lib/engine/plan.h"
-#include "lib/io/memory_file.h"
-#include "lib/util/endian.h"
+#include "lib/meta/metadata_cache.h"
+#include "lib/io/io_plan.h"
+#include "testing/memory_file.h"
+#include "lib/base/endian.h"
 #include "qcow2/image.h"
-#include "tests/util/gate_file.h"
-#include "tests/util/model.h"
+#include "testing/gate_file.h"
+#include "testing/model.h"
 #include "tests/util/test_util.h"
 
 namespace qcow2 {

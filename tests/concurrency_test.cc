@@ -16,7 +16,7 @@
 
 #include "gtest/gtest.h"
 #include "qcow2/image.h"
-#include "tests/util/model.h"
+#include "testing/model.h"
 #include "tests/util/test_util.h"
 
 namespace qcow2 {

@@ -20,8 +20,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "lib/io/fault_file.h"
-#include "lib/util/events.h"
+#include "testing/fault_file.h"
+#include "lib/base/events.h"
 #include "qcow2/image.h"
 #include "tests/util/test_util.h"
 

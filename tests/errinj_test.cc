@@ -39,10 +39,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
-#include "lib/util/events.h"
+#include "lib/base/events.h"
 #include "qcow2/image.h"
 #include "tests/util/harden_faults.h"
-#include "tests/util/model.h"
+#include "testing/model.h"
 #include "tests/util/qemu_images.h"
 #include "tests/util/test_util.h"
 

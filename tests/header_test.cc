@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "lib/util/endian.h"
+#include "lib/base/endian.h"
 #include "tests/util/test_util.h"
 
 namespace qcow2::internal {

@@ -8,9 +8,9 @@
 
 #include "gtest/gtest.h"
 #include "lib/chain/chain.h"
-#include "lib/engine/plan.h"
+#include "lib/io/io_plan.h"
 #include "lib/engine/request.h"
-#include "lib/image/qcow2_layer.h"
+#include "lib/qcow2/qcow2_layer.h"
 #include "qcow2/file.h"
 #include "qcow2/image.h"
 #include "tests/util/test_util.h"

@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "lib/cache/metadata_cache.h"
-#include "lib/io/memory_file.h"
+#include "lib/meta/metadata_cache.h"
+#include "testing/memory_file.h"
 #include "tests/util/test_util.h"
 
 namespace qcow2 {

@@ -38,9 +38,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
-#include "lib/io/memory_file.h"
+#include "testing/memory_file.h"
 #include "qcow2/image.h"
-#include "tests/util/model.h"
+#include "testing/model.h"
 #include "tests/util/qemu_images.h"
 #include "tests/util/test_util.h"
 

@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "qcow2/image.h"
-#include "tests/util/model.h"
+#include "testing/model.h"
 #include "tests/util/test_util.h"
 
 namespace qcow2 {

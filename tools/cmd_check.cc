@@ -13,7 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "lib/refcount/check.h"
+#include "lib/qcow2/check.h"
 #include "qcow2/file.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"

@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "lib/format/entries.h"
 #include "lib/format/header.h"
-#include "lib/util/endian.h"
+#include "lib/base/endian.h"
 
 namespace qcow2::tool {
 

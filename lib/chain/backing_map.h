@@ -15,7 +15,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
-#include "lib/chain/layer.h"
+#include "lib/layer/layer.h"
 
 namespace qcow2::internal {
 

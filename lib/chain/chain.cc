@@ -9,12 +9,12 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "lib/engine/eviction_scope.h"
-#include "lib/engine/plan.h"
+#include "lib/meta/eviction_scope.h"
+#include "lib/io/io_plan.h"
 #include "lib/format/header.h"
-#include "lib/image/qcow2_layer.h"
-#include "lib/util/endian.h"
-#include "lib/util/status_macros.h"
+#include "lib/qcow2/qcow2_layer.h"
+#include "lib/base/endian.h"
+#include "lib/base/status_macros.h"
 
 namespace qcow2::internal {
 

@@ -14,7 +14,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
 #include "lib/chain/backing_map.h"
-#include "lib/chain/layer.h"
+#include "lib/layer/layer.h"
 #include "lib/engine/request.h"
 #include "qcow2/image.h"
 

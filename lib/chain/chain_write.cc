@@ -5,8 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "lib/chain/chain.h"
-#include "lib/image/qcow2_layer.h"
-#include "lib/util/status_macros.h"
+#include "lib/qcow2/qcow2_layer.h"
+#include "lib/base/status_macros.h"
 
 namespace qcow2::internal {
 

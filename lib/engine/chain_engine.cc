@@ -7,12 +7,12 @@
 
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
-#include "lib/cache/metadata_cache.h"
+#include "lib/meta/metadata_cache.h"
 #include "lib/chain/chain.h"
-#include "lib/engine/eviction_scope.h"
-#include "lib/image/qcow2_layer.h"
-#include "lib/util/events.h"
-#include "lib/util/status_macros.h"
+#include "lib/meta/eviction_scope.h"
+#include "lib/qcow2/qcow2_layer.h"
+#include "lib/base/events.h"
+#include "lib/base/status_macros.h"
 
 namespace qcow2::internal {
 

@@ -6,9 +6,9 @@
 #include <utility>
 
 #include "lib/chain/chain.h"
-#include "lib/engine/eviction_scope.h"
-#include "lib/image/qcow2_layer.h"
-#include "lib/util/events.h"
+#include "lib/meta/eviction_scope.h"
+#include "lib/qcow2/qcow2_layer.h"
+#include "lib/base/events.h"
 
 namespace qcow2::internal {
 

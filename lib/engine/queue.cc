@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "lib/cache/write_back_file.h"
+#include "lib/meta/write_back_file.h"
 #include "lib/chain/chain.h"
 #include "lib/engine/request.h"
 #include "lib/io/posix_file.h"

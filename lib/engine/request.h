@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "lib/engine/plan.h"
+#include "lib/io/io_plan.h"
 #include "qcow2/queue.h"
 #include "qcow2/stats.h"
 

@@ -5,9 +5,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "lib/util/endian.h"
-#include "lib/util/math.h"
-#include "lib/util/status_macros.h"
+#include "lib/base/endian.h"
+#include "lib/base/math.h"
+#include "lib/base/status_macros.h"
 
 namespace qcow2::internal {
 

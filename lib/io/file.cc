@@ -2,7 +2,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "lib/util/status_macros.h"
+#include "lib/base/status_macros.h"
 #include "qcow2/file.h"
 
 namespace qcow2 {

@@ -16,10 +16,10 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
-#include "lib/engine/plan.h"
+#include "lib/io/io_plan.h"
 #include "lib/io/posix_file.h"
-#include "lib/util/math.h"
-#include "lib/util/status_macros.h"
+#include "lib/base/math.h"
+#include "lib/base/status_macros.h"
 
 namespace qcow2 {
 namespace internal {

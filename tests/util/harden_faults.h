@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "lib/io/fault_file.h"
+#include "testing/fault_file.h"
 #include "qcow2/file.h"
 
 namespace qcow2::testing {

@@ -32,6 +32,8 @@
 #include "absl/status/statusor.h"
 #include "tests/util/json_lite.h"
 
+#include "testing/rng.h"
+
 namespace qcow2::testing {
 
 // Command lines run, one shell-quoted line each.
@@ -39,22 +41,6 @@ using CommandLog = std::vector<std::string>;
 
 // Shell-quotes argv into one line ("qemu-img create -f qcow2 'a b' 1M").
 std::string FormatCommand(const std::vector<std::string>& argv);
-
-// A deterministic generator (splitmix64): the same seed gives the same
-// sequence on every platform and standard library.
-class TestRng {
- public:
-  explicit TestRng(uint64_t seed) : state_(seed) {}
-  uint64_t Next();
-  // Uniform in [0, n); 0 when n == 0.
-  uint64_t Uniform(uint64_t n);
-  // Uniform in [lo, hi] (inclusive).
-  uint64_t Range(uint64_t lo, uint64_t hi);
-  bool OneIn(uint64_t n) { return Uniform(n) == 0; }
-
- private:
-  uint64_t state_;
-};
 
 // `qemu-img create` parameters. Fields left at their defaults are passed
 // anyway (except the empty strings and size 0), so the spec, not qemu-img's

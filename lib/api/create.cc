@@ -1,0 +1,224 @@
+// CreateImage: new qcow2 and raw images, laid out as qemu-img lays them out
+// (header, refcount table, first refcount block, L1 table), then optional
+// preallocation through the normal write path.
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "lib/chain/chain.h"
+#include "lib/format/header.h"
+#include "lib/qcow2/qcow2_layer.h"
+#include "lib/base/endian.h"
+#include "lib/base/math.h"
+#include "lib/base/status_macros.h"
+#include "qcow2/image.h"
+
+namespace qcow2 {
+
+namespace internal {
+namespace {
+
+absl::Status Invalid(const std::string& path, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
+}
+
+absl::Status ValidateCreate(const std::string& path, const CreateOptions& o) {
+  if (o.format == ImageFormat::kRaw) {
+    if (!o.backing_file.empty()) {
+      return Invalid(path, "raw images cannot have a backing file");
+    }
+    return absl::OkStatus();
+  }
+  const uint32_t cs = o.cluster_size;
+  if (cs < 512 || cs > (2u << 20) || (cs & (cs - 1)) != 0) {
+    return Invalid(path, absl::StrCat("cluster size ", cs,
+                                      " must be a power of two between 512 "
+                                      "and 2M"));
+  }
+  const uint32_t rb = o.refcount_bits;
+  if (rb == 0 || rb > 64 || (rb & (rb - 1)) != 0) {
+    return Invalid(path, absl::StrCat("refcount width ", rb,
+                                      " must be a power of two up to 64"));
+  }
+  if (o.compat != "1.1" && o.compat != "0.10" && o.compat != "v3" &&
+      o.compat != "v2") {
+    return Invalid(path, absl::StrCat("compat '", o.compat,
+                                      "' is not one of 0.10, 1.1"));
+  }
+  const bool v2 = o.compat == "0.10" || o.compat == "v2";
+  if (v2 && o.extended_l2) {
+    return Invalid(path, "extended L2 entries need compat=1.1");
+  }
+  if (v2 && o.compression_type != CompressionType::kZlib) {
+    return Invalid(path, "zstd compression needs compat=1.1");
+  }
+  if (v2 && o.lazy_refcounts) {
+    return Invalid(path, "lazy refcounts need compat=1.1");
+  }
+  if (v2 && rb != 16) {
+    return Invalid(path, "refcount widths other than 16 need compat=1.1");
+  }
+  if (o.extended_l2 && cs < 16384) {
+    return Invalid(path,
+                   "extended L2 entries need a cluster size of at least 16k");
+  }
+  if (!o.backing_file.empty() && o.preallocation != Preallocation::kOff &&
+      !o.extended_l2) {
+    return Invalid(path,
+                   "backing file and preallocation can only be used together "
+                   "with extended_l2=on");
+  }
+  if (o.backing_file.size() > kMaxBackingFileNameSize) {
+    return Invalid(path, "backing file name is longer than 1023 bytes");
+  }
+  if (!o.backing_format.empty() && o.backing_format != "qcow2" &&
+      o.backing_format != "raw") {
+    return Invalid(path, absl::StrCat("backing format '", o.backing_format,
+                                      "' is not supported (qcow2, raw)"));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<FeatureName> DefaultFeatureNames() {
+  return {{0, 0, "dirty bit"},          {0, 1, "corrupt bit"},
+          {0, 2, "external data file"}, {0, 3, "compression type"},
+          {0, 4, "extended L2 entries"}, {1, 0, "lazy refcounts"},
+          {2, 0, "bitmaps"},            {2, 1, "raw external data"}};
+}
+
+// The size of the backing file, for images created without a size.
+absl::StatusOr<uint64_t> BackingSize(const std::string& path,
+                                     const CreateOptions& o) {
+  ASSIGN_OR_RETURN(std::string resolved,
+                   ResolveBackingName(path, o.backing_file));
+  OpenOptions oo;
+  oo.format = o.backing_format;
+  oo.opener = o.opener;
+  auto image = Image::Open(resolved, oo);
+  if (!image.ok()) {
+    return absl::Status(image.status().code(),
+                        absl::StrCat("cannot open backing file: ",
+                                     image.status().message()));
+  }
+  return (*image)->size();
+}
+
+absl::Status CreateQcow2(File* file, const std::string& path,
+                         const CreateOptions& o, uint64_t size) {
+  Header h;
+  const bool v2 = o.compat == "0.10" || o.compat == "v2";
+  h.version = v2 ? 2 : 3;
+  h.cluster_bits = static_cast<uint32_t>(__builtin_ctz(o.cluster_size));
+  h.size = size;
+  h.refcount_order = static_cast<uint32_t>(__builtin_ctz(o.refcount_bits));
+  h.header_length = v2 ? kV2HeaderLength : kV3HeaderLength;
+  if (o.extended_l2) h.incompatible_features |= kIncompatExtendedL2;
+  if (o.compression_type == CompressionType::kZstd) {
+    h.incompatible_features |= kIncompatCompression;
+    h.compression_type = 1;
+  }
+  if (o.lazy_refcounts) h.compatible_features |= kCompatLazyRefcounts;
+  // QEMU leaves the feature-name table out of small header clusters.
+  if (!v2 && o.cluster_size > 4096) h.feature_names = DefaultFeatureNames();
+  h.backing_file = o.backing_file;
+  if (!o.backing_format.empty()) h.backing_format = o.backing_format;
+
+  const uint64_t cs = o.cluster_size;
+  h.l1_size = static_cast<uint32_t>(
+      RequiredL1Entries(size, h.cluster_bits, h.l2_entry_size()));
+  if (uint64_t{h.l1_size} * 8 > kMaxL1Bytes) {
+    return Invalid(path, absl::StrCat("virtual size ", size,
+                                      " is too large for cluster size ", cs));
+  }
+  // Layout: header, refcount table, refcount blocks, L1 table; grow the
+  // table and block counts until they describe the whole layout.
+  const uint64_t block_entries = cs * 8 / o.refcount_bits;
+  const uint64_t l1_clusters =
+      std::max<uint64_t>(1, DivRoundUp(uint64_t{h.l1_size} * 8, cs));
+  uint64_t table_clusters = 1, blocks = 1;
+  while (true) {
+    uint64_t total = 1 + table_clusters + blocks + l1_clusters;
+    uint64_t need_blocks = DivRoundUp(total, block_entries);
+    uint64_t need_table = DivRoundUp(need_blocks * 8, cs);
+    if (need_blocks <= blocks && need_table <= table_clusters) break;
+    blocks = std::max(blocks, need_blocks);
+    table_clusters = std::max(table_clusters, need_table);
+  }
+  if (table_clusters * cs > kMaxRefcountTableBytes) {
+    return Invalid(path, "image metadata would exceed the refcount limits");
+  }
+  const uint64_t total = 1 + table_clusters + blocks + l1_clusters;
+  h.refcount_table_offset = cs;
+  h.refcount_table_clusters = static_cast<uint32_t>(table_clusters);
+  h.l1_table_offset = (1 + table_clusters + blocks) * cs;
+
+  // Refcount table and blocks.
+  std::vector<uint8_t> table(table_clusters * cs, 0);
+  std::vector<uint8_t> block_bytes(blocks * cs, 0);
+  for (uint64_t b = 0; b < blocks; ++b) {
+    StoreBE64(&table[b * 8], (1 + table_clusters + b) * cs);
+  }
+  for (uint64_t c = 0; c < total; ++c) {
+    const uint64_t bit = c * o.refcount_bits;
+    uint8_t* p = &block_bytes[bit / 8];
+    if (o.refcount_bits < 8) {
+      *p |= static_cast<uint8_t>(1u << (bit % 8));
+    } else {
+      p[o.refcount_bits / 8 - 1] = 1;  // big-endian 1
+    }
+  }
+  ASSIGN_OR_RETURN(std::vector<uint8_t> header, EncodeHeader(h));
+  RETURN_IF_ERROR(file->Truncate(0));
+  RETURN_IF_ERROR(file->WriteAt(0, header));
+  RETURN_IF_ERROR(file->WriteAt(cs, table));
+  RETURN_IF_ERROR(file->WriteAt((1 + table_clusters) * cs, block_bytes));
+  std::vector<uint8_t> l1(uint64_t{h.l1_size} * 8, 0);
+  RETURN_IF_ERROR(file->WriteAt(h.l1_table_offset, l1));
+  RETURN_IF_ERROR(file->Truncate(h.l1_table_offset + l1.size()));
+  return file->Flush();
+}
+
+}  // namespace
+}  // namespace internal
+
+absl::Status CreateImage(const std::string& path, const CreateOptions& opts) {
+  using namespace internal;
+  RETURN_IF_ERROR(ValidateCreate(path, opts));
+  uint64_t size = opts.size;
+  if (size == 0 && !opts.backing_file.empty()) {
+    ASSIGN_OR_RETURN(size, BackingSize(path, opts));
+  }
+  size = AlignUp(size, 512);
+  FileOpener* opener = opts.opener ? opts.opener : DefaultFileOpener();
+  FileOptions fo;
+  fo.read_only = false;
+  fo.create = true;
+  fo.exclusive = true;
+  ASSIGN_OR_RETURN(std::unique_ptr<File> file, opener->Open(path, fo));
+
+  if (opts.format == ImageFormat::kRaw) {
+    RETURN_IF_ERROR(file->Truncate(size));
+    if (opts.preallocation == Preallocation::kFalloc) {
+      RETURN_IF_ERROR(file->Allocate(0, size));
+    } else if (opts.preallocation == Preallocation::kFull) {
+      std::vector<uint8_t> zeros(std::min<uint64_t>(size, 1 << 20), 0);
+      for (uint64_t off = 0; off < size; off += zeros.size()) {
+        uint64_t n = std::min<uint64_t>(zeros.size(), size - off);
+        RETURN_IF_ERROR(file->WriteAt(off, absl::MakeConstSpan(zeros.data(), n)));
+      }
+    }
+    return file->Flush();
+  }
+
+  RETURN_IF_ERROR(CreateQcow2(file.get(), path, opts, size));
+  if (opts.preallocation == Preallocation::kOff) return absl::OkStatus();
+  OpenOptions oo;
+  oo.read_write = true;
+  oo.open_backing = false;
+  oo.format = "qcow2";
+  ASSIGN_OR_RETURN(auto layer, Qcow2Layer::Open(std::move(file), oo));
+  RETURN_IF_ERROR(layer->Preallocate(opts.preallocation));
+  return layer->Close();
+}
+
+}  // namespace qcow2

@@ -1,0 +1,34 @@
+#include "lib/base/io_context.h"
+
+namespace qcow2::internal {
+
+namespace {
+thread_local IoStats* t_stats = nullptr;
+}  // namespace
+
+IoStats* CurrentStats() { return t_stats; }
+StatsScope::StatsScope(IoStats* stats) : saved_(t_stats) { t_stats = stats; }
+StatsScope::~StatsScope() { t_stats = saved_; }
+
+namespace {
+thread_local int t_under_lock = 0;
+}  // namespace
+
+UnderLockScope::UnderLockScope() { ++t_under_lock; }
+UnderLockScope::~UnderLockScope() {
+  if (!paused_) --t_under_lock;
+}
+void UnderLockScope::Pause() {
+  if (!paused_) --t_under_lock;
+  paused_ = true;
+}
+void UnderLockScope::Resume() {
+  if (paused_) ++t_under_lock;
+  paused_ = false;
+}
+
+void NoteHostCall() {
+  if (t_under_lock > 0) CountMetadata(&IoStats::host_calls_under_lock, 1);
+}
+
+}  // namespace qcow2::internal

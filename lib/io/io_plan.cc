@@ -1,0 +1,143 @@
+#include "lib/io/io_plan.h"
+
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+
+#include "lib/base/status_macros.h"
+
+namespace qcow2::internal {
+
+namespace {
+constexpr size_t kMaxIov = IOV_MAX;
+}  // namespace
+
+void IoPlan::Free::operator()(uint8_t* p) const { std::free(p); }
+
+uint8_t* IoPlan::Buffer(size_t len) {
+  void* p = nullptr;
+  if (posix_memalign(&p, 4096, len == 0 ? 4096 : (len + 4095) & ~size_t{4095}) != 0) {
+    std::abort();  // out of memory
+  }
+  std::memset(p, 0, len);
+  buffers_.emplace_back(static_cast<uint8_t*>(p));
+  return static_cast<uint8_t*>(p);
+}
+
+void IoPlan::Read(File* file, uint64_t offset, uint8_t* dest, size_t len,
+                  IoCategory category) {
+  if (len == 0) return;
+  if (!reads.empty()) {
+    IoOp& last = reads.back();
+    if (last.file == file && last.category == category &&
+        last.offset + last.bytes == offset && last.iov.size() < kMaxIov) {
+      iovec& tail = last.iov.back();
+      if (static_cast<uint8_t*>(tail.iov_base) + tail.iov_len == dest) {
+        tail.iov_len += len;
+        last.bytes += len;
+      } else {
+        last.Add(dest, len);
+      }
+      return;
+    }
+  }
+  IoOp op;
+  op.file = file;
+  op.offset = offset;
+  op.category = category;
+  op.Add(dest, len);
+  reads.push_back(std::move(op));
+}
+
+void IoPlan::CoalesceWrites() {
+  if (writes.size() < 2) return;
+  std::vector<IoOp> out;
+  out.reserve(writes.size());
+  for (IoOp& op : writes) {
+    if (!out.empty()) {
+      IoOp& last = out.back();
+      if (last.file == op.file && last.offset + last.bytes == op.offset &&
+          !last.zero_range && !op.zero_range &&
+          last.iov.size() + op.iov.size() <= kMaxIov) {
+        // Pieces that follow each other in memory too (consecutive
+        // clusters of one guest buffer) become one iovec: one 4 MiB write
+        // of 64 KiB clusters is then one buffer, not 64.
+        auto next = op.iov.begin();
+        if (!last.iov.empty() && next != op.iov.end() &&
+            static_cast<uint8_t*>(last.iov.back().iov_base) +
+                    last.iov.back().iov_len ==
+                next->iov_base) {
+          last.iov.back().iov_len += next->iov_len;
+          ++next;
+        }
+        last.iov.insert(last.iov.end(), next, op.iov.end());
+        last.bytes += op.bytes;
+        last.guest_bytes += op.guest_bytes;
+        continue;
+      }
+    }
+    out.push_back(std::move(op));
+  }
+  writes = std::move(out);
+}
+
+void IoPlan::Clear() {
+  grow_file = nullptr;
+  reads.clear();
+  after_reads.clear();
+  writes.clear();
+  commits.clear();
+  aborts.clear();
+  decompressed.clear();
+  buffers_.clear();
+}
+
+void CountIo(const IoOp& op, bool write, IoStats* stats) {
+  if (stats == nullptr) return;
+  if (op.category == IoCategory::kMetadata) return;
+  if (op.zero_range) {
+    stats->host_zero_ops++;
+    stats->host_zero_bytes += op.bytes;
+    return;
+  }
+  if (write) {
+    stats->host_data_write_bytes += op.guest_bytes;
+    stats->cow_write_bytes += op.bytes - op.guest_bytes;
+  } else if (op.category == IoCategory::kCow) {
+    stats->cow_read_bytes += op.bytes;
+  } else {
+    stats->host_data_read_bytes += op.bytes;
+  }
+}
+
+absl::Status RunOp(IoOp& op, bool write) {
+  absl::Status s;
+  if (op.zero_range) {
+    s = op.file->WriteZeroes(op.offset, op.bytes);
+  } else if (op.iov.size() == 1) {
+    auto* base = static_cast<uint8_t*>(op.iov[0].iov_base);
+    s = write ? op.file->WriteAt(op.offset,
+                                 absl::MakeConstSpan(base, op.iov[0].iov_len))
+              : op.file->ReadAt(op.offset, absl::MakeSpan(base, op.iov[0].iov_len));
+  } else {
+    s = write ? op.file->WritevAt(op.offset, op.iov)
+              : op.file->ReadvAt(op.offset, op.iov);
+  }
+  if (s.ok()) op.done = op.bytes;
+  return s;
+}
+
+absl::Status RunPlanIo(IoPlan& plan, IoStats* stats) {
+  for (IoOp& op : plan.reads) {
+    RETURN_IF_ERROR(RunOp(op, false));
+    CountIo(op, false, stats);
+  }
+  for (auto& step : plan.after_reads) RETURN_IF_ERROR(step());
+  for (IoOp& op : plan.writes) {
+    RETURN_IF_ERROR(RunOp(op, true));
+    CountIo(op, true, stats);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace qcow2::internal

@@ -1,0 +1,93 @@
+// One image file of a backing chain, as the chain sees it: a virtual disk
+// whose ranges are either stored here (data, zero, compressed) or left to
+// the layer below (unallocated).
+#ifndef QCOW2_LIB_LAYER_LAYER_H_
+#define QCOW2_LIB_LAYER_LAYER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "qcow2/file.h"
+#include "qcow2/image.h"
+
+namespace qcow2::internal {
+
+class Qcow2Layer;
+
+// A run of guest bytes with one status in one layer.
+struct Extent {
+  enum Kind {
+    kUnallocated,  // read from the layer below (zeros at the bottom)
+    kZero,         // reads as zeros
+    kData,         // stored at host_offset
+    kCompressed,   // inside a compressed cluster (descriptor in `entry`)
+  };
+  Kind kind = kUnallocated;
+  uint64_t length = 0;
+  uint64_t host_offset = 0;  // kData: host offset of the first byte
+  uint64_t entry = 0;        // kCompressed: the L2 entry
+  bool has_host_cluster = false;  // kZero/kUnallocated with preallocation
+};
+
+class Layer {
+ public:
+  virtual ~Layer() = default;
+
+  virtual uint64_t size() const = 0;
+  virtual File* file() = 0;
+  virtual const std::string& filename() const = 0;
+
+  // Status of the run starting at `offset`, at most `max_len` bytes.
+  // REQUIRES: offset < size(), max_len > 0.
+  virtual absl::StatusOr<Extent> Map(uint64_t offset, uint64_t max_len) = 0;
+
+  // Reads bytes of an extent Map() returned: `offset` is the guest offset,
+  // inside the extent that started at `extent_start`.
+  virtual absl::Status ReadExtent(const Extent& e, uint64_t extent_start,
+                                  uint64_t offset, absl::Span<uint8_t> buf);
+
+  virtual LayerInfo Info() const = 0;
+
+  // The stored backing file name and format ("" when none).
+  virtual std::string backing_file() const { return ""; }
+  virtual std::string backing_format() const { return ""; }
+
+  // Flushes caches and the file (no-op for read-only layers).
+  virtual absl::Status Flush() { return absl::OkStatus(); }
+  // Flushes, marks clean, and stops accepting writes.
+  virtual absl::Status Close() { return absl::OkStatus(); }
+
+  // This layer if it is a qcow2 image, else null (cheaper than a
+  // dynamic_cast on every request).
+  virtual Qcow2Layer* AsQcow2() { return nullptr; }
+};
+
+// Raw image: the file is the disk.
+class RawLayer : public Layer {
+ public:
+  static absl::StatusOr<std::unique_ptr<RawLayer>> Open(
+      std::unique_ptr<File> file);
+
+  uint64_t size() const override { return size_; }
+  File* file() override { return file_.get(); }
+  const std::string& filename() const override { return file_->name(); }
+  absl::StatusOr<Extent> Map(uint64_t offset, uint64_t max_len) override;
+  LayerInfo Info() const override;
+  absl::Status Flush() override { return file_->Flush(); }
+
+ private:
+  RawLayer(std::unique_ptr<File> file, uint64_t file_size)
+      : file_(std::move(file)),
+        file_size_(file_size),
+        size_((file_size + 511) & ~uint64_t{511}) {}
+  std::unique_ptr<File> file_;
+  uint64_t file_size_;
+  uint64_t size_;  // rounded up to 512 bytes, as QEMU presents raw files
+};
+
+}  // namespace qcow2::internal
+
+#endif  // QCOW2_LIB_LAYER_LAYER_H_

@@ -1,0 +1,439 @@
+// Writes under a byte-range lock, and deferred copy-on-write: a small write
+// into a cluster the top does not own yet writes only its own bytes into a
+// new host cluster, and the cluster's L2 entry waits until writes have
+// covered it or a flush fills the rest from the chain below
+// (qcow2_layer.h, "Writes under a byte-range lock").
+#include <algorithm>
+#include <bit>
+#include <memory>
+
+#include "absl/strings/str_format.h"
+#include "lib/format/entries.h"
+#include "lib/qcow2/qcow2_layer.h"
+#include "lib/base/events.h"
+#include "lib/base/math.h"
+#include "lib/base/status_macros.h"
+
+namespace qcow2::internal {
+
+namespace {
+
+bool TestBit(const std::vector<uint64_t>& bits, uint64_t i) {
+  return (bits[i / 64] >> (i % 64)) & 1;
+}
+
+}  // namespace
+
+void Qcow2Layer::NoteWriteBegun(uint64_t offset, uint64_t len) {
+  recent_ends_[recent_next_] = offset + len;
+  recent_next_ = (recent_next_ + 1) % recent_ends_.size();
+}
+
+Qcow2Layer::FineKind Qcow2Layer::ClassifyFine(uint64_t cluster,
+                                              uint64_t in_cluster,
+                                              uint64_t len, bool stream) {
+  const Geometry& g = map_->geometry();
+  // Pending clusters track 4 KiB units; with extended L2 a unit (or the
+  // write) must also cover whole subclusters, whose bits it sets.
+  const uint64_t unit =
+      g.extended_l2 ? std::max<uint64_t>(kFineLockBytes, g.subcluster_size)
+                    : kFineLockBytes;
+  const bool aligned = IsAligned(in_cluster, unit) && IsAligned(len, unit);
+  if (auto it = pending_.find(cluster); it != pending_.end()) {
+    // Being filled by a flush, with no lock held: a write into it waits
+    // for the whole cluster, which the fill holds.
+    if (it->second.filling) return FineKind::kNone;
+    return aligned ? FineKind::kPending : FineKind::kNone;
+  }
+  L2Ref ref;
+  if (!map_->Peek(cluster, &ref)) return FineKind::kNone;
+  const uint64_t entry = ref.slice != nullptr ? ref.entry() : 0;
+  const uint64_t bitmap = ref.slice != nullptr ? ref.bitmap() : 0;
+  const uint64_t guest = cluster << g.cluster_bits;
+  if (!ValidateEntry(entry, bitmap, guest).ok()) return FineKind::kNone;
+  const uint64_t host = entry & kEntryOffsetMask;
+  if ((entry & kOflagCopied) && host != 0 && !(entry & kOflagCompressed)) {
+    if (!g.extended_l2) {
+      // A preallocated zero cluster gets zeros written around the data.
+      return (entry & kOflagZero) ? FineKind::kNone : FineKind::kInPlace;
+    }
+    // Every subcluster touched is ours, or covered whole (then the commit
+    // sets its bits in the bitmap as it stands then: writes into other
+    // subclusters may set theirs meanwhile).
+    const int sc0 = static_cast<int>(in_cluster / g.subcluster_size);
+    const int sc1 =
+        static_cast<int>((in_cluster + len - 1) / g.subcluster_size);
+    for (int sc = sc0; sc <= sc1; ++sc) {
+      const SubclusterType t = ClassifySubcluster(entry, bitmap, true, sc);
+      if (t == SubclusterType::kNormal) continue;
+      const bool whole = sc * g.subcluster_size >= in_cluster &&
+                         (sc + 1) * g.subcluster_size <= in_cluster + len;
+      if (!whole || t == SubclusterType::kInvalid ||
+          t == SubclusterType::kCompressed) {
+        return FineKind::kNone;
+      }
+    }
+    return FineKind::kInPlace;
+  }
+  // Deferred L2 entry: a cluster with no host cluster here (unallocated,
+  // or with extended L2 made of unallocated and zero subclusters). With
+  // standard entries there must be a backing chain to copy from (else the
+  // write copies nothing anyway); with extended ones nothing is ever
+  // copied, and the entry waits only for the writes in flight.
+  if (entry != 0 || (!g.extended_l2 && !backing_) || !aligned ||
+      g.cluster_bits <= kFineLockBits || len >= g.cluster_size ||
+      pending_.size() >= kMaxPending) {
+    return FineKind::kNone;
+  }
+  // With extended L2 a deferred entry costs nothing later (no fill), and
+  // it lets other writes into the cluster run beside this one: any such
+  // write may defer. With standard L2 only a stream may, since what it
+  // leaves uncovered is copied at the flush.
+  if (!stream || g.extended_l2) return FineKind::kDefer;
+  const uint64_t offset = guest + in_cluster;
+  for (uint64_t end : recent_ends_) {
+    if (end == 0) continue;
+    if (end == offset || ((end - 1) >> g.cluster_bits) == cluster) {
+      return FineKind::kDefer;
+    }
+  }
+  return FineKind::kNone;
+}
+
+bool Qcow2Layer::FineWritable(uint64_t offset, uint64_t len, bool stream) {
+  if (!writable_ || closed_ || marked_corrupt_ || len == 0) return false;
+  const Geometry& g = map_->geometry();
+  uint64_t pos = 0;
+  while (pos < len) {
+    const uint64_t cur = offset + pos;
+    const uint64_t in_cluster = cur & (g.cluster_size - 1);
+    const uint64_t n = std::min(len - pos, g.cluster_size - in_cluster);
+    const FineKind kind = ClassifyFine(cur >> g.cluster_bits, in_cluster, n,
+                                       stream);
+    if (kind == FineKind::kNone) return false;
+    // A deferred or pending write stays inside one cluster.
+    if (kind != FineKind::kInPlace && n != len) return false;
+    pos += n;
+  }
+  return true;
+}
+
+absl::Status Qcow2Layer::PlanPendingWrite(uint64_t cluster,
+                                          uint64_t in_cluster,
+                                          absl::Span<const uint8_t> data,
+                                          IoPlan* plan) {
+  const Geometry& g = map_->geometry();
+  auto it = pending_.find(cluster);
+  if (it == pending_.end()) {
+    ASSIGN_OR_RETURN(L2Ref ref, L2ForWrite(cluster));
+    if (ref.entry() != 0) {
+      return absl::InternalError(absl::StrFormat(
+          "%s: deferred copy-on-write into guest cluster %d, which is "
+          "allocated", file_->name(), cluster));
+    }
+    const uint64_t end_before = refcounts_->end_cluster();
+    ASSIGN_OR_RETURN(uint64_t fresh, refcounts_->Allocate(1));
+    if (absl::Status s = CheckDataTarget(fresh, g.cluster_size); !s.ok()) {
+      refcounts_->Update(fresh, g.cluster_size, -1).IgnoreError();
+      return s;
+    }
+    CountMetadata(&IoStats::cluster_allocations, 1);
+    CountMetadata(&IoStats::cow_deferred, 1);
+    PendingCluster p;
+    p.ref = std::move(ref);
+    p.host = fresh;
+    p.covered.assign((g.cluster_size / kFineLockBytes + 63) / 64, 0);
+    p.virgin = (fresh >> g.cluster_bits) >= end_before;
+    it = pending_.emplace(cluster, std::move(p)).first;
+  }
+  PendingCluster& p = it->second;
+  // Units this write covers first: uncovered again if it fails.
+  auto newly = std::make_shared<std::vector<uint64_t>>(p.covered.size(), 0);
+  for (uint64_t u = in_cluster / kFineLockBytes;
+       u < (in_cluster + data.size()) / kFineLockBytes; ++u) {
+    if (TestBit(p.covered, u)) continue;
+    p.covered[u / 64] |= uint64_t{1} << (u % 64);
+    (*newly)[u / 64] |= uint64_t{1} << (u % 64);
+    ++p.covered_units;
+  }
+  const uint64_t id = ++pending_write_ids_;
+  p.in_flight.push_back({id, in_cluster, data.data(), data.size()});
+  EmitEvent("deferred-write");
+  IoOp op;
+  op.file = file_.get();
+  op.offset = p.host + in_cluster;
+  op.guest_bytes = data.size();
+  op.Add(data.data(), data.size());
+  plan->writes.push_back(std::move(op));
+  plan->commits.push_back([this, cluster, id, newly] {
+    return FinishPendingWrite(cluster, id, *newly, true);
+  });
+  plan->aborts.push_back([this, cluster, id, newly] {
+    FinishPendingWrite(cluster, id, *newly, false).IgnoreError();
+  });
+  return absl::OkStatus();
+}
+
+absl::Status Qcow2Layer::FinishPendingWrite(uint64_t cluster, uint64_t id,
+                                            const std::vector<uint64_t>& newly,
+                                            bool ok) {
+  auto it = pending_.find(cluster);
+  // Gone: committed by a flush meanwhile (which wrote this write's bytes
+  // too), or dropped when the image was marked corrupt.
+  if (it == pending_.end()) return absl::OkStatus();
+  PendingCluster& p = it->second;
+  if (std::erase_if(p.in_flight, [id](const PendingWrite& w) {
+        return w.id == id;
+      }) == 0) {
+    return absl::OkStatus();  // a later pending life of the same cluster
+  }
+  if (!ok) {
+    for (size_t w = 0; w < newly.size(); ++w) {
+      p.covered[w] &= ~newly[w];
+      p.covered_units -= std::popcount(newly[w]);
+    }
+  }
+  // A fill in flight wrote this write's bytes too, and commits the
+  // cluster (or leaves it pending if it fails).
+  if (!p.in_flight.empty() || p.filling) return absl::OkStatus();
+  const Geometry& g = map_->geometry();
+  if (p.covered_units == 0) {
+    const uint64_t host = p.host;
+    pending_.erase(it);
+    return refcounts_->Update(host, g.cluster_size, -1);
+  }
+  // With extended L2 the units written so far become allocated
+  // subclusters, the rest keep what they were: nothing to copy.
+  if (g.extended_l2 || p.covered_units == g.cluster_size / kFineLockBytes) {
+    return CommitPending(cluster);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Qcow2Layer::CommitPending(uint64_t cluster) {
+  auto it = pending_.find(cluster);
+  PendingCluster& p = it->second;
+  const Geometry& g = map_->geometry();
+  RETURN_IF_ERROR(OrderL2AfterAllocation());
+  uint64_t bitmap = 0;
+  if (g.extended_l2) {
+    // Covered subclusters become allocated (and not zero); the others
+    // keep their state in the bitmap as it stands.
+    uint32_t mask = 0;
+    for (int sc = 0; sc < g.subclusters; ++sc) {
+      if (TestBit(p.covered, sc * g.subcluster_size / kFineLockBytes)) {
+        mask |= uint32_t{1} << sc;
+      }
+    }
+    const uint64_t now = p.ref.bitmap();
+    bitmap = uint64_t{static_cast<uint32_t>(now) | mask} |
+             (uint64_t{static_cast<uint32_t>(now >> 32) & ~mask} << 32);
+  }
+  p.ref.Set(p.host | kOflagCopied, bitmap);
+  NoteDataWritten(p.host);
+  pending_.erase(it);
+  return absl::OkStatus();
+}
+
+std::vector<uint64_t> Qcow2Layer::PendingClusters() const {
+  std::vector<uint64_t> out;
+  out.reserve(pending_.size());
+  for (const auto& [cluster, p] : pending_) out.push_back(cluster);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+absl::Status Qcow2Layer::PlanFill(uint64_t cluster, IoPlan* plan) {
+  auto it = pending_.find(cluster);
+  if (it == pending_.end()) return absl::OkStatus();
+  PendingCluster& p = it->second;
+  if (p.filling) {
+    return absl::InternalError(absl::StrFormat(
+        "%s: guest cluster %d is already being filled", file_->name(),
+        cluster));
+  }
+  const Geometry& g = map_->geometry();
+  const uint64_t units = g.cluster_size / kFineLockBytes;
+  const uint64_t guest = cluster << g.cluster_bits;
+  const size_t writes_before = plan->writes.size();
+  // Writes still in flight into the cluster (a flush does not wait for
+  // them): their bytes are written again, from copies taken now, while
+  // their buffers are certainly valid (they cannot finish while the
+  // caller holds the lock). The same bytes written twice at once read
+  // back as those bytes.
+  for (const PendingWrite& w : p.in_flight) {
+    uint8_t* copy = plan->Buffer(w.len);
+    std::copy(w.data, w.data + w.len, copy);
+    IoOp op;
+    op.file = file_.get();
+    op.offset = p.host + w.in_cluster;
+    op.guest_bytes = 0;
+    op.Add(copy, w.len);
+    plan->writes.push_back(std::move(op));
+  }
+  bool filled = false;
+  // With extended L2, uncovered subclusters simply stay as they are.
+  for (uint64_t u = 0; u < units && !g.extended_l2;) {
+    if (TestBit(p.covered, u)) {
+      ++u;
+      continue;
+    }
+    uint64_t v = u;
+    while (v < units && !TestBit(p.covered, v)) ++v;
+    const uint64_t start = u * kFineLockBytes;
+    const uint64_t len = (v - u) * kFineLockBytes;
+    u = v;
+    if (p.virgin) {
+      // The new cluster reads as zeros already.
+      ASSIGN_OR_RETURN(bool zero, KnownZero(0, 0, guest + start, len));
+      if (zero) {
+        CountMetadata(&IoStats::cow_skipped_zero, 1);
+        continue;
+      }
+    }
+    uint8_t* buf = plan->Buffer(len);
+    RETURN_IF_ERROR(PlanReadOld(0, 0, guest + start, buf, len, plan));
+    IoOp op;
+    op.file = file_.get();
+    op.offset = p.host + start;
+    op.guest_bytes = 0;  // all of it is copy-on-write
+    op.Add(buf, len);
+    plan->writes.push_back(std::move(op));
+    filled = true;
+  }
+  if (filled) CountMetadata(&IoStats::cow_deferred_filled, 1);
+  if (plan->writes.size() != writes_before) EmitEvent("deferred-fill");
+  p.filling = true;
+  plan->commits.push_back([this, cluster] {
+    auto it = pending_.find(cluster);
+    // Gone: dropped when the image was marked corrupt.
+    if (it == pending_.end()) return absl::OkStatus();
+    PendingCluster& p = it->second;
+    p.filling = false;
+    // Every unit holds its data now (with standard L2): the cluster can
+    // go into the table.
+    if (!map_->geometry().extended_l2) {
+      std::fill(p.covered.begin(), p.covered.end(), ~uint64_t{0});
+      p.covered_units = static_cast<uint32_t>(map_->geometry().cluster_size /
+                                              kFineLockBytes);
+    }
+    return CommitPending(cluster);
+  });
+  plan->aborts.push_back([this, cluster] {
+    // The cluster stays pending, as it was; the next flush fills it.
+    if (auto it = pending_.find(cluster); it != pending_.end()) {
+      it->second.filling = false;
+    }
+  });
+  return absl::OkStatus();
+}
+
+absl::Status Qcow2Layer::Materialize(uint64_t cluster) {
+  IoPlan plan;
+  absl::Status s = PlanFill(cluster, &plan);
+  if (s.ok() && !plan.writes.empty()) s = RunPlanIo(plan, CurrentStats());
+  if (!s.ok()) {
+    for (auto& abort : plan.aborts) abort();
+    return s;
+  }
+  for (auto& commit : plan.commits) RETURN_IF_ERROR(commit());
+  return absl::OkStatus();
+}
+
+absl::Status Qcow2Layer::SettleAllPending() {
+  return SettlePendingIn(0, ~uint64_t{0}, /*drop_whole=*/false);
+}
+
+absl::Status Qcow2Layer::PlanFillsFor(uint64_t offset, uint64_t len,
+                                      IoPlan* plan) {
+  return SettlePendingIn(offset, len, /*drop_whole=*/true, plan);
+}
+
+absl::Status Qcow2Layer::SettlePendingIn(uint64_t offset, uint64_t len,
+                                         bool drop_whole, IoPlan* fills) {
+  if (pending_.empty() || len == 0) return absl::OkStatus();
+  const uint32_t bits = map_->geometry().cluster_bits;
+  const uint64_t cs = map_->geometry().cluster_size;
+  const uint64_t first = offset >> bits;
+  const uint64_t last = (offset + len - 1) >> bits;
+  std::vector<uint64_t> clusters;
+  for (const auto& [cluster, p] : pending_) {
+    if (cluster >= first && cluster <= last) clusters.push_back(cluster);
+  }
+  std::sort(clusters.begin(), clusters.end());
+  for (uint64_t cluster : clusters) {
+    auto it = pending_.find(cluster);
+    const uint64_t start = cluster << bits;
+    if (drop_whole && it->second.in_flight.empty() && start >= offset &&
+        start + cs <= offset + len) {
+      // About to be overwritten whole: nothing refers to the host
+      // cluster yet, so it is simply given back.
+      const uint64_t host = it->second.host;
+      pending_.erase(it);
+      RETURN_IF_ERROR(refcounts_->Update(host, cs, -1));
+      continue;
+    }
+    if (fills == nullptr) {
+      if (absl::Status s = Materialize(cluster); !s.ok()) return Fail(s);
+      continue;
+    }
+    const size_t commits = fills->commits.size();
+    const size_t aborts = fills->aborts.size();
+    RETURN_IF_ERROR(PlanFill(cluster, fills));
+    if (fills->writes.empty() && fills->reads.empty()) {
+      // Nothing to copy (the rest of a fresh cluster reads as zeros):
+      // committed now, as Materialize would.
+      for (size_t i = commits; i < fills->commits.size(); ++i) {
+        if (absl::Status s = fills->commits[i](); !s.ok()) return Fail(s);
+      }
+      fills->commits.resize(commits);
+      fills->aborts.resize(aborts);
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool Qcow2Layer::HasPendingIn(uint64_t offset, uint64_t len) const {
+  if (pending_.empty() || len == 0) return false;
+  const uint32_t bits = map_->geometry().cluster_bits;
+  const uint64_t first = offset >> bits;
+  const uint64_t last = (offset + len - 1) >> bits;
+  for (const auto& [cluster, p] : pending_) {
+    if (cluster >= first && cluster <= last) return true;
+  }
+  return false;
+}
+
+uint64_t Qcow2Layer::ClipAtPending(uint64_t offset, uint64_t len) const {
+  const uint32_t bits = map_->geometry().cluster_bits;
+  const uint64_t own = offset >> bits;
+  for (const auto& [cluster, p] : pending_) {
+    if (cluster <= own) continue;
+    const uint64_t start = cluster << bits;
+    if (start < offset + len) len = start - offset;
+  }
+  return len;
+}
+
+absl::StatusOr<Extent> Qcow2Layer::MapPending(PendingCluster& p,
+                                              uint64_t offset,
+                                              uint64_t max_len) {
+  const Geometry& g = map_->geometry();
+  const uint64_t in_cluster = offset & (g.cluster_size - 1);
+  const uint64_t units = g.cluster_size / kFineLockBytes;
+  uint64_t u = in_cluster / kFineLockBytes;
+  const bool covered = TestBit(p.covered, u);
+  while (u < units && TestBit(p.covered, u) == covered) ++u;
+  const uint64_t len = std::min(max_len, u * kFineLockBytes - in_cluster);
+  if (!covered) {
+    // What the L2 entry, still the old one, says of the rest.
+    return MapInCluster(p.ref, offset, len);
+  }
+  Extent e;
+  e.kind = Extent::kData;
+  e.length = len;
+  e.host_offset = p.host + in_cluster;
+  return e;
+}
+
+}  // namespace qcow2::internal

@@ -1,0 +1,117 @@
+// A File that holds one chosen operation until the test lets it go, to
+// show what other requests can do meanwhile.
+#ifndef QCOW2_TESTING_GATE_FILE_H_
+#define QCOW2_TESTING_GATE_FILE_H_
+
+#include <condition_variable>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "qcow2/file.h"
+
+namespace qcow2::testing {
+
+// Which operations the gate holds: reads of exactly `read_size` bytes (0:
+// none), flushes, discards, growth (Reserve and Extend). Reserve fails
+// with `reserve_error` when it is not kOk, after the hold.
+struct GateSpec {
+  size_t read_size = 0;
+  bool flush = false;
+  bool discard = false;
+  bool grow = false;
+  absl::StatusCode reserve_error = absl::StatusCode::kOk;
+};
+
+// Once armed, the first matching operation waits for Release(); every
+// other operation, and matching ones after that first, go straight to the
+// file beneath (until the gate is armed again).
+class GateFile : public File {
+ public:
+  GateFile(std::unique_ptr<File> inner, GateSpec spec)
+      : inner_(std::move(inner)), spec_(spec) {}
+
+  absl::Status ReadAt(uint64_t offset, absl::Span<uint8_t> buf) override {
+    if (spec_.read_size != 0 && buf.size() == spec_.read_size) Hold();
+    return inner_->ReadAt(offset, buf);
+  }
+  absl::Status WriteAt(uint64_t offset, absl::Span<const uint8_t> d) override {
+    return inner_->WriteAt(offset, d);
+  }
+  absl::Status Flush() override {
+    if (spec_.flush) Hold();
+    return inner_->Flush();
+  }
+  absl::StatusOr<uint64_t> Size() override { return inner_->Size(); }
+  absl::Status Truncate(uint64_t size) override {
+    return inner_->Truncate(size);
+  }
+  absl::Status Extend(uint64_t old_size, uint64_t new_size) override {
+    if (spec_.grow) Hold();
+    return inner_->Extend(old_size, new_size);
+  }
+  absl::Status Reserve(uint64_t offset, uint64_t len) override {
+    if (spec_.grow) Hold();
+    if (spec_.reserve_error != absl::StatusCode::kOk) {
+      return absl::Status(spec_.reserve_error, "reserve refused by the test");
+    }
+    return inner_->Reserve(offset, len);
+  }
+  absl::Status Discard(uint64_t offset, uint64_t len) override {
+    if (spec_.discard) Hold();
+    return inner_->Discard(offset, len);
+  }
+  const std::string& name() const override { return inner_->name(); }
+
+  void Arm();
+  void Release();
+  bool released();
+  // Waits until an operation is held; false after 30 s.
+  bool WaitBlocked();
+
+ private:
+  void Hold();
+
+  std::unique_ptr<File> inner_;
+  const GateSpec spec_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool armed_ = false;
+  bool released_ = false;
+  int blocked_ = 0;
+};
+
+// Opens POSIX files behind a GateFile; last() is the most recent.
+class GateOpener : public FileOpener {
+ public:
+  explicit GateOpener(GateSpec spec) : spec_(spec) {}
+  absl::StatusOr<std::unique_ptr<File>> Open(const std::string& path,
+                                             const FileOptions& opts) override;
+  GateFile* last() const { return last_; }
+
+ private:
+  const GateSpec spec_;
+  GateFile* last_ = nullptr;
+};
+
+// With an operation of thread `held` held at `gate`, runs `others` on a
+// thread of its own; then lets the held operation go and joins `held`.
+// Fails the test if `others` did not finish within 30 s while the
+// operation was held (`what` says what it waited for), or failed.
+void ExpectGoesOnWhileHeld(GateFile* gate, std::thread& held,
+                           std::function<absl::Status()> others,
+                           const char* what);
+// The whole pattern: arms `gate`, runs `held` on a thread of its own until
+// an operation of it is held there (a failure if none is within 30 s),
+// then ExpectGoesOnWhileHeld.
+void HoldAndExpectGoesOn(GateFile* gate, std::function<void()> held,
+                         std::function<absl::Status()> others,
+                         const char* what);
+
+}  // namespace qcow2::testing
+
+#endif  // QCOW2_TESTING_GATE_FILE_H_
