@@ -4,7 +4,6 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "lib/io/io_plan.h"
 
 namespace qcow2::internal {
 
@@ -21,7 +20,6 @@ absl::Status MemoryFile::CheckWritable() const {
 }
 
 absl::Status MemoryFile::ReadAt(uint64_t offset, absl::Span<uint8_t> buf) {
-  NoteHostCall();
   if (buf.empty()) return absl::OkStatus();
   std::lock_guard<std::mutex> lock(store_->mu);
   const auto& bytes = store_->bytes;
@@ -36,7 +34,6 @@ absl::Status MemoryFile::ReadAt(uint64_t offset, absl::Span<uint8_t> buf) {
 
 absl::Status MemoryFile::WriteAt(uint64_t offset,
                                  absl::Span<const uint8_t> data) {
-  NoteHostCall();
   if (auto s = CheckWritable(); !s.ok()) return s;
   const uint64_t max = store_->max_size;
   if (offset > max || data.size() > max - offset) {
@@ -57,7 +54,6 @@ absl::StatusOr<uint64_t> MemoryFile::Size() {
 }
 
 absl::Status MemoryFile::Truncate(uint64_t size) {
-  NoteHostCall();
   if (auto s = CheckWritable(); !s.ok()) return s;
   if (size > store_->max_size) {
     return absl::ResourceExhaustedError(
@@ -70,7 +66,6 @@ absl::Status MemoryFile::Truncate(uint64_t size) {
 }
 
 absl::Status MemoryFile::Reserve(uint64_t offset, uint64_t len) {
-  NoteHostCall();
   if (auto s = CheckWritable(); !s.ok()) return s;
   if (offset + len > store_->max_size) {
     return absl::ResourceExhaustedError(
@@ -84,7 +79,6 @@ absl::Status MemoryFile::Reserve(uint64_t offset, uint64_t len) {
 }
 
 absl::Status MemoryFile::WriteZeroes(uint64_t offset, uint64_t len) {
-  NoteHostCall();
   if (auto s = CheckWritable(); !s.ok()) return s;
   const uint64_t max = store_->max_size;
   if (offset > max || len > max - offset) {

@@ -259,6 +259,8 @@ struct CleanCase {
   bool snapshots = true;
 };
 
+void PrintTo(const CleanCase& c, std::ostream* os) { *os << c.name; }
+
 std::vector<CleanCase> CleanCases() {
   std::vector<CleanCase> cases;
   for (uint32_t cs : {512u, 4096u, 65536u, 2u << 20}) {
@@ -516,6 +518,14 @@ struct DamageParam {
   RepairMode mode;
 };
 
+std::string DamageParamName(const DamageParam& p) {
+  return p.c.name + "_" + ModeName(p.mode);
+}
+
+void PrintTo(const DamageParam& p, std::ostream* os) {
+  *os << DamageParamName(p);
+}
+
 class DamageTest : public ::testing::TestWithParam<DamageParam> {};
 
 TEST_P(DamageTest, SameVerdictAndRepairAsQemu) {
@@ -609,8 +619,7 @@ std::vector<DamageParam> DamageParams() {
 
 INSTANTIATE_TEST_SUITE_P(Cases, DamageTest, ::testing::ValuesIn(DamageParams()),
                          [](const auto& info) {
-                           return info.param.c.name + "_" +
-                                  ModeName(info.param.mode);
+                           return DamageParamName(info.param);
                          });
 
 // ---------------------------------------------------------------------------

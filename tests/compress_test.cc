@@ -10,7 +10,6 @@
 #include <random>
 #include <string>
 #include <thread>
-#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -111,7 +110,34 @@ Bytes PadToSector(Bytes stream, uint8_t fill) {
 // ---------------------------------------------------------------------------
 // Round trips over every cluster size and data kind.
 
-using RoundTripParam = std::tuple<CompressionType, int, DataKind>;
+struct RoundTripParam {
+  CompressionType type;
+  int cluster_bits;
+  DataKind kind;
+};
+
+std::string RoundTripName(const RoundTripParam& p) {
+  return absl::StrCat(TypeName(p.type), "_", size_t{1} << p.cluster_bits, "_",
+                      KindName(p.kind));
+}
+
+void PrintTo(const RoundTripParam& p, std::ostream* os) {
+  *os << RoundTripName(p);
+}
+
+// Every type, cluster size (512 B to 2 MiB) and data kind.
+std::vector<RoundTripParam> RoundTripParams() {
+  std::vector<RoundTripParam> v;
+  for (CompressionType type : kTypes) {
+    for (int bits = 9; bits < 22; ++bits) {
+      for (DataKind kind :
+           {DataKind::kRandom, DataKind::kZero, DataKind::kText}) {
+        v.push_back({type, bits, kind});
+      }
+    }
+  }
+  return v;
+}
 
 class CompressRoundTripTest : public ::testing::TestWithParam<RoundTripParam> {
 };
@@ -151,14 +177,9 @@ TEST_P(CompressRoundTripTest, RoundTrip) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    AllSizes, CompressRoundTripTest,
-    ::testing::Combine(::testing::ValuesIn(kTypes), ::testing::Range(9, 22),
-                       ::testing::Values(DataKind::kRandom, DataKind::kZero,
-                                         DataKind::kText)),
+    AllSizes, CompressRoundTripTest, ::testing::ValuesIn(RoundTripParams()),
     [](const ::testing::TestParamInfo<RoundTripParam>& info) {
-      return absl::StrCat(TypeName(std::get<0>(info.param)), "_",
-                          size_t{1} << std::get<1>(info.param), "_",
-                          KindName(std::get<2>(info.param)));
+      return RoundTripName(info.param);
     });
 
 // ---------------------------------------------------------------------------
@@ -563,7 +584,28 @@ void CheckImage(const Bytes& image, const Bytes& expected, CompressionType type,
   }
 }
 
-using InteropParam = std::tuple<CompressionType, uint32_t>;
+struct InteropParam {
+  CompressionType type;
+  uint32_t cluster_size;
+};
+
+std::string InteropName(const InteropParam& p) {
+  return absl::StrCat(TypeName(p.type), "_", p.cluster_size);
+}
+
+void PrintTo(const InteropParam& p, std::ostream* os) {
+  *os << InteropName(p);
+}
+
+std::vector<InteropParam> InteropParams() {
+  std::vector<InteropParam> v;
+  for (CompressionType type : kTypes) {
+    for (uint32_t cluster_size : {512u, 4096u, 65536u, 2u << 20}) {
+      v.push_back({type, cluster_size});
+    }
+  }
+  return v;
+}
 
 class QemuInteropTest : public ::testing::TestWithParam<InteropParam> {};
 
@@ -633,12 +675,9 @@ TEST_P(QemuInteropTest, DecompressesQemuIoCompressedWrites) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    QemuImg, QemuInteropTest,
-    ::testing::Combine(::testing::ValuesIn(kTypes),
-                       ::testing::Values(512u, 4096u, 65536u, 2u << 20)),
+    QemuImg, QemuInteropTest, ::testing::ValuesIn(InteropParams()),
     [](const ::testing::TestParamInfo<InteropParam>& info) {
-      return absl::StrCat(TypeName(std::get<0>(info.param)), "_",
-                          std::get<1>(info.param));
+      return InteropName(info.param);
     });
 
 }  // namespace

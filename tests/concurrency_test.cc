@@ -10,6 +10,7 @@
 // final disk exactly. The final image is also read back by qemu-img and
 // must pass `qemu-img check`.
 #include <atomic>
+#include <string>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -78,6 +79,17 @@ void CreateQcow2(const std::string& path, uint64_t size, uint32_t cluster,
   }
   ASSERT_OK(CreateImage(path, co));
 }
+
+std::string ConfigName(const Config& c) {
+  return std::to_string(c.cluster / 1024) + "k" +
+         (c.extended_l2 ? "_ext" : "") +
+         (c.backing ? "_overlay" : "_nobacking") +
+         (c.direct ? "_direct" : "") + (c.use_io_uring ? "" : "_sync") +
+         (c.l2_cache_bytes != 0 ? "_tinyl2" : "") +
+         (c.streams ? "_streams" : "");
+}
+
+void PrintTo(const Config& c, std::ostream* os) { *os << ConfigName(c); }
 
 class ConcurrencyTest : public ::testing::TestWithParam<Config> {};
 
@@ -264,13 +276,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Streams(Make(65536, false, true, true, true)),
                       Streams(Make(65536, true, true, false, false))),
     [](const ::testing::TestParamInfo<Config>& info) {
-      const Config& c = info.param;
-      return std::to_string(c.cluster / 1024) + "k" +
-             (c.extended_l2 ? "_ext" : "") +
-             (c.backing ? "_overlay" : "_nobacking") +
-             (c.direct ? "_direct" : "") + (c.use_io_uring ? "" : "_sync") +
-             (c.l2_cache_bytes != 0 ? "_tinyl2" : "") +
-             (c.streams ? "_streams" : "");
+      return ConfigName(info.param);
     });
 
 // Two queues write the two halves of one unallocated cluster at the same

@@ -132,6 +132,8 @@ void ApplyToModel(std::vector<uint8_t>& m, const Op& op) {
             op.kind == Op::kWrite ? op.byte : 0);
 }
 
+void PrintTo(const Config& c, std::ostream* os) { *os << c.name; }
+
 class CrashTest : public ::testing::TestWithParam<Config> {
  protected:
   void SetUp() override {

@@ -1,13 +1,14 @@
 // The lock list, driven step by step through the engine's internal API
 // with waiters that only record wake-ups: writes that held only their own
-// bytes and must widen to whole clusters (Chain::WidenLock), and writes
+// bytes and must widen to whole clusters (RangeLockTable::Widen), and writes
 // into one fresh extended-L2 cluster that hold only their own bytes.
 #include <algorithm>
 #include <memory>
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "lib/chain/chain.h"
+#include "lib/engine/engine.h"
+#include "lib/engine/runner.h"
 #include "lib/io/io_plan.h"
 #include "lib/engine/request.h"
 #include "lib/qcow2/qcow2_layer.h"
@@ -18,7 +19,7 @@
 namespace qcow2 {
 namespace {
 
-using internal::Chain;
+using internal::Engine;
 using internal::Qcow2Layer;
 using internal::Request;
 
@@ -32,18 +33,38 @@ constexpr uint64_t kCluster = 65536;
 
 void MakeWrite(Request* r, uint64_t offset, const std::vector<uint8_t>& data,
                CountingWaiter* waiter) {
-  r->kind = Request::kWrite;
+  r->kind = Request::Kind::kWrite;
   r->offset = offset;
   r->len = data.size();
   r->wbuf = data.data();
   r->waiter = waiter;
 }
 
+absl::Status SyncRead(Engine* engine, uint64_t offset,
+                      absl::Span<uint8_t> buf) {
+  Request r;
+  r.kind = Request::Kind::kRead;
+  r.offset = offset;
+  r.len = buf.size();
+  r.rbuf = buf.data();
+  return internal::RunSync(engine, &r);
+}
+
+absl::Status SyncWrite(Engine* engine, uint64_t offset,
+                       const std::vector<uint8_t>& data) {
+  Request r;
+  r.kind = Request::Kind::kWrite;
+  r.offset = offset;
+  r.len = data.size();
+  r.wbuf = data.data();
+  return internal::RunSync(engine, &r);
+}
+
 // Reads what r's planning deferred (as an executor would), runs its
 // planned I/O and finishes it.
-void RunAndFinish(Chain* chain, Request* r) {
-  while (r->miss_cache != nullptr) {
-    r->status = internal::RunOp(r->miss_op, false);
+void RunAndFinish(Engine* chain, Request* r) {
+  while (r->miss.cache != nullptr) {
+    r->status = internal::RunOp(r->miss.op, false);
     chain->LoadMiss(r);
   }
   ASSERT_OK(r->status);
@@ -77,17 +98,17 @@ TEST(LockWidenTest, TwoWritesWideningTogetherBothGoOn) {
     ASSERT_OK(image->Close());
   }
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<File> file, OpenPosixFile(path, FileOptions{.read_only = false}));
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Chain> chain,
-                       Chain::Open(std::move(file), oo));
-  auto* top = dynamic_cast<Qcow2Layer*>(chain->layer(0));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Engine> chain,
+                       Engine::Open(std::move(file), oo));
+  Qcow2Layer* top = chain->TopForTesting();
   ASSERT_NE(top, nullptr);
 
   std::vector<uint8_t> warm(2 * kCluster);  // both slices into the cache
-  ASSERT_OK(chain->Read(63 * kCluster, absl::MakeSpan(warm)));
+  ASSERT_OK(SyncRead(chain.get(), 63 * kCluster, absl::MakeSpan(warm)));
   // And the refcount block where clusters are allocated (by a write
   // elsewhere), so that D below is planned whole when it begins, with no
   // miss left for its executor to read.
-  ASSERT_OK(chain->Write(0, std::vector<uint8_t>(kCluster, 5)));
+  ASSERT_OK(SyncWrite(chain.get(), 0, std::vector<uint8_t>(kCluster, 5)));
 
   // D: unaligned, over clusters 63 and 64; 64 needs a new cluster, so D
   // holds both whole.
@@ -97,15 +118,15 @@ TEST(LockWidenTest, TwoWritesWideningTogetherBothGoOn) {
   MakeWrite(&d, 64 * kCluster - 4096 + 1, dd, &wd);
   ASSERT_TRUE(chain->Begin(&d));
   ASSERT_OK(d.status);
-  ASSERT_EQ(d.miss_cache, nullptr);
-  EXPECT_FALSE(d.lock_fine);
+  ASSERT_EQ(d.miss.cache, nullptr);
+  EXPECT_FALSE(d.lock.fine);
   // E and W: in place into cluster 63, own bytes only, behind D.
   MakeWrite(&e, 63 * kCluster, de, &we);
   MakeWrite(&w, 63 * kCluster + 8192, dw, &ww);
   EXPECT_FALSE(chain->Begin(&e));
   EXPECT_FALSE(chain->Begin(&w));
-  EXPECT_TRUE(e.lock_fine);
-  EXPECT_TRUE(w.lock_fine);
+  EXPECT_TRUE(e.lock.fine);
+  EXPECT_TRUE(w.lock.fine);
   // Slice 0 leaves the cache (it is clean; D pins only slice 1).
   ASSERT_OK_AND_ASSIGN(uint64_t table, top->cluster_map().L2TableFor(63));
   top->cluster_map().l2_cache().Invalidate(table, 512);
@@ -115,7 +136,7 @@ TEST(LockWidenTest, TwoWritesWideningTogetherBothGoOn) {
   EXPECT_EQ(ww.wakes, 1);
   chain->Plan(&e);  // widens; W holds an overlapping range: E waits
   EXPECT_TRUE(e.parked);
-  EXPECT_FALSE(e.lock_fine);
+  EXPECT_FALSE(e.lock.fine);
   chain->Plan(&w);  // widens; waits for E, and E may go on now
   EXPECT_TRUE(w.parked);
   EXPECT_EQ(we.wakes, 2);
@@ -126,7 +147,7 @@ TEST(LockWidenTest, TwoWritesWideningTogetherBothGoOn) {
   RunAndFinish(chain.get(), &w);
 
   std::vector<uint8_t> got(kCluster);
-  ASSERT_OK(chain->Read(63 * kCluster, absl::MakeSpan(got)));
+  ASSERT_OK(SyncRead(chain.get(), 63 * kCluster, absl::MakeSpan(got)));
   std::vector<uint8_t> want(kCluster, 1);
   std::fill_n(want.begin(), 4096, 3);
   std::fill_n(want.begin() + 8192, 4096, 4);
@@ -153,8 +174,8 @@ TEST(FineLockTest, WritesIntoOneFreshExtendedL2ClusterRunSideBySide) {
   oo.read_write = true;
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<File> file,
                        OpenPosixFile(path, FileOptions{.read_only = false}));
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Chain> chain,
-                       Chain::Open(std::move(file), oo));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Engine> chain,
+                       Engine::Open(std::move(file), oo));
 
   CountingWaiter wa, wb;
   const std::vector<uint8_t> da(4096, 5), db(8192, 6);
@@ -163,10 +184,10 @@ TEST(FineLockTest, WritesIntoOneFreshExtendedL2ClusterRunSideBySide) {
   MakeWrite(&b, 5 * kCluster + 8192, db, &wb);
   ASSERT_TRUE(chain->Begin(&a));
   ASSERT_OK(a.status);
-  EXPECT_TRUE(a.lock_fine);
+  EXPECT_TRUE(a.lock.fine);
   ASSERT_TRUE(chain->Begin(&b));  // granted beside a
   ASSERT_OK(b.status);
-  EXPECT_TRUE(b.lock_fine);
+  EXPECT_TRUE(b.lock.fine);
   RunAndFinish(chain.get(), &b);
   RunAndFinish(chain.get(), &a);
   EXPECT_EQ(wa.wakes + wb.wakes, 0);
@@ -175,9 +196,9 @@ TEST(FineLockTest, WritesIntoOneFreshExtendedL2ClusterRunSideBySide) {
   std::copy(da.begin(), da.end(), want.begin() + 32768);
   std::copy(db.begin(), db.end(), want.begin() + 8192);
   std::vector<uint8_t> got(kCluster);
-  ASSERT_OK(chain->Read(5 * kCluster, absl::MakeSpan(got)));
+  ASSERT_OK(SyncRead(chain.get(), 5 * kCluster, absl::MakeSpan(got)));
   EXPECT_EQ(got, want);
-  const IoStats st = chain->Stats();
+  const IoStats st = chain->stats().Total();
   EXPECT_EQ(st.cluster_allocations, 1u);
   EXPECT_EQ(st.cow_read_bytes, 0u);
   ASSERT_OK(chain->Close());

@@ -2,11 +2,16 @@
 // every host byte a guest request causes is counted once, under the right
 // heading.
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <mutex>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "qcow2/file.h"
 #include "qcow2/image.h"
 #include "testing/model.h"
 #include "tests/util/test_util.h"
@@ -440,6 +445,94 @@ TEST(StatsTest, RawZeroRangeThroughQueue) {
                       (i >= (1 << 20) && i < (1 << 20) + 8192);
     ASSERT_EQ(back[i], zero ? 0 : 0x77) << i;
   }
+}
+
+// A File of the test's own (neither the library's POSIX file nor a test
+// double of testing/): bytes in a vector, with no Reserve, so the library
+// grows it by Extend under the image's lock.
+class VectorFile : public File {
+ public:
+  explicit VectorFile(std::vector<uint8_t> bytes) : bytes_(std::move(bytes)) {}
+
+  absl::Status ReadAt(uint64_t offset, absl::Span<uint8_t> buf) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    size_t have = 0;
+    if (offset < bytes_.size()) {
+      have = std::min<uint64_t>(buf.size(), bytes_.size() - offset);
+      std::memcpy(buf.data(), bytes_.data() + offset, have);
+    }
+    std::memset(buf.data() + have, 0, buf.size() - have);
+    return absl::OkStatus();
+  }
+  absl::Status WriteAt(uint64_t offset,
+                       absl::Span<const uint8_t> data) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (offset + data.size() > bytes_.size()) {
+      bytes_.resize(offset + data.size());
+    }
+    std::copy(data.begin(), data.end(), bytes_.begin() + offset);
+    return absl::OkStatus();
+  }
+  absl::Status Flush() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++flushes_;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<uint64_t> Size() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return bytes_.size();
+  }
+  absl::Status Truncate(uint64_t size) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    bytes_.resize(size);
+    return absl::OkStatus();
+  }
+  const std::string& name() const override { return name_; }
+
+  int flushes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return flushes_;
+  }
+
+ private:
+  const std::string name_ = "vector-file";
+  std::mutex mu_;
+  std::vector<uint8_t> bytes_;
+  int flushes_ = 0;
+};
+
+// Host calls are counted whoever implements the File: the library wraps
+// every layer's file (AccountedFile), so an embedder's store is counted
+// under the lock as the library's own files are.
+TEST(StatsTest, AnEmbeddersFileIsCounted) {
+  TempDir dir;
+  const std::string path = dir.File("img.qcow2");
+  ASSERT_OK(CreateEmpty(path));
+  std::ifstream in(path, std::ios::binary);
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
+  ASSERT_FALSE(bytes.empty());
+  auto owned = std::make_unique<VectorFile>(std::move(bytes));
+  VectorFile* const file = owned.get();
+  ASSERT_OK_AND_ASSIGN(auto image, Image::Open(std::move(owned), ReadWrite()));
+  const IoStats before = image->GetStats();
+  // A new L2 table and a data cluster past the end of the file: with no
+  // Reserve, the file is grown by Extend with the lock held.
+  const std::vector<uint8_t> data(kCluster, 0x3c);
+  ASSERT_OK(image->Write(8 << 20, data));
+  ASSERT_OK(image->Flush());
+  const IoStats s = image->GetStats().Since(before);
+  EXPECT_GT(s.host_calls_under_lock, 0u);
+  // The ordinary counters, for this file too.
+  EXPECT_EQ(s.host_data_write_bytes, kCluster);
+  EXPECT_EQ(s.l2_write_bytes, kCluster);
+  EXPECT_GT(s.metadata_write_bytes(), 0u);
+  EXPECT_GT(s.host_flushes, 0u);
+  EXPECT_GT(file->flushes(), 0);
+  std::vector<uint8_t> back(kCluster);
+  ASSERT_OK(image->Read(8 << 20, absl::MakeSpan(back)));
+  EXPECT_EQ(back, data);
+  ASSERT_OK(image->Close());
 }
 
 }  // namespace

@@ -399,7 +399,8 @@ int ParseBenchArgs(int argc, char** argv,
   for (int i = first; i < argc; ++i) args.push_back(argv[i]);
   args.push_back(nullptr);
   const int n = static_cast<int>(args.size()) - 1;
-  const std::string_view named = first == 2 ? out->workload : "";
+  const std::string_view named =
+      first == 2 ? std::string_view(out->workload) : std::string_view();
   const std::string usage = usage_for(named, false);
 
   ResetGetopt();

@@ -13,13 +13,14 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "qcow2/export.h"
 
 namespace qcow2 {
 
 // A random-access file. Implementations must be safe to call from several
 // threads at once for non-overlapping ranges; the library orders
 // overlapping requests itself.
-class File {
+class QCOW2_EXPORT File {
  public:
   virtual ~File() = default;
 
@@ -99,12 +100,13 @@ struct FileOptions {
 };
 
 // Opens a file with pread/pwrite/fdatasync. Errors name the path.
+QCOW2_EXPORT
 absl::StatusOr<std::unique_ptr<File>> OpenPosixFile(const std::string& path,
                                                     const FileOptions& opts);
 
 // Opens the files of a backing chain. The default opener uses
 // OpenPosixFile; tests and embedders substitute their own.
-class FileOpener {
+class QCOW2_EXPORT FileOpener {
  public:
   virtual ~FileOpener() = default;
   virtual absl::StatusOr<std::unique_ptr<File>> Open(
@@ -112,7 +114,7 @@ class FileOpener {
 };
 
 // The process-wide opener that calls OpenPosixFile. Never null.
-FileOpener* DefaultFileOpener();
+QCOW2_EXPORT FileOpener* DefaultFileOpener();
 
 }  // namespace qcow2
 

@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "qcow2/export.h"
 #include "qcow2/file.h"
 #include "qcow2/options.h"
 #include "qcow2/queue.h"
@@ -33,7 +34,7 @@
 namespace qcow2 {
 
 namespace internal {
-class Chain;
+class Engine;
 }
 
 // What one range of the virtual disk reads from, as `qemu-img map` reports
@@ -77,7 +78,7 @@ struct LayerInfo {
   std::string data_file;              // external data file name, if any
 };
 
-class Image {
+class QCOW2_EXPORT Image {
  public:
   // Opens `path` and its backing chain.
   // Errors: kNotFound / kPermissionDenied from the OS; kDataLoss for a
@@ -169,14 +170,14 @@ class Image {
   IoStats GetStats() const;
 
  private:
-  explicit Image(std::unique_ptr<internal::Chain> chain);
-  friend class internal::Chain;
-  std::unique_ptr<internal::Chain> chain_;
+  explicit Image(std::unique_ptr<internal::Engine> engine);
+  std::unique_ptr<internal::Engine> engine_;
 };
 
 // Creates a new image file at `path` (fails with kAlreadyExists if it
 // exists). qcow2 images are created with qemu-img's defaults and layout.
-absl::Status CreateImage(const std::string& path, const CreateOptions& opts);
+QCOW2_EXPORT absl::Status CreateImage(const std::string& path,
+                                      const CreateOptions& opts);
 
 }  // namespace qcow2
 

@@ -53,6 +53,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "qcow2/export.h"
 #include "qcow2/stats.h"
 
 namespace qcow2 {
@@ -72,7 +73,7 @@ struct QueueOptions {
 // Called once per request with its result.
 using Completion = std::function<void(absl::Status)>;
 
-class Queue {
+class QCOW2_EXPORT Queue {
  public:
   ~Queue();
   Queue(const Queue&) = delete;

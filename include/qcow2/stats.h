@@ -11,9 +11,11 @@
 
 #include <cstdint>
 
+#include "qcow2/export.h"
+
 namespace qcow2 {
 
-struct IoStats {
+struct QCOW2_EXPORT IoStats {
   // Guest requests as submitted.
   uint64_t guest_read_ops = 0;
   uint64_t guest_read_bytes = 0;
@@ -47,7 +49,7 @@ struct IoStats {
   uint64_t host_discard_bytes = 0;
   uint64_t host_flushes = 0;  // fsync/fdatasync calls
   // Host file calls (reads, writes, flushes, size changes, zeroing,
-  // discards; POSIX and in-memory files) made while the image's metadata
+  // discards; of any File, an embedder's own included) made while the image's metadata
   // lock was held. Each holds up the planning of every queue's requests
   // for its length. What is left of them: metadata misses no probe
   // foresaw, a read's write-outs past its budget, table growth outside a

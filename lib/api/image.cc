@@ -1,15 +1,32 @@
-// The public Image: a thin facade over internal::Chain.
+// The public Image: a thin facade over internal::Engine.
 #include "qcow2/image.h"
 
-#include "lib/chain/chain.h"
 #include "lib/base/status_macros.h"
+#include "lib/engine/engine.h"
+#include "lib/engine/runner.h"
 
 namespace qcow2 {
 
-Image::Image(std::unique_ptr<internal::Chain> chain) : chain_(std::move(chain)) {}
+namespace {
+
+using internal::Request;
+
+absl::Status Run(internal::Engine* engine, Request::Kind kind,
+                 uint64_t offset, uint64_t len) {
+  Request r;
+  r.kind = kind;
+  r.offset = offset;
+  r.len = len;
+  return internal::RunSync(engine, &r);
+}
+
+}  // namespace
+
+Image::Image(std::unique_ptr<internal::Engine> engine)
+    : engine_(std::move(engine)) {}
 
 Image::~Image() {
-  if (chain_) chain_->Close().IgnoreError();
+  if (engine_) engine_->Close().IgnoreError();
 }
 
 absl::StatusOr<std::unique_ptr<Image>> Image::Open(const std::string& path,
@@ -24,44 +41,66 @@ absl::StatusOr<std::unique_ptr<Image>> Image::Open(const std::string& path,
 
 absl::StatusOr<std::unique_ptr<Image>> Image::Open(std::unique_ptr<File> top,
                                                    const OpenOptions& opts) {
-  ASSIGN_OR_RETURN(auto chain, internal::Chain::Open(std::move(top), opts));
-  return std::unique_ptr<Image>(new Image(std::move(chain)));
+  ASSIGN_OR_RETURN(auto engine, internal::Engine::Open(std::move(top), opts));
+  return std::unique_ptr<Image>(new Image(std::move(engine)));
 }
 
-uint64_t Image::size() const { return chain_->LockedSize(); }
-int Image::chain_length() const { return chain_->LockedLength(); }
-bool Image::writable() const { return chain_->writable(); }
+uint64_t Image::size() const { return engine_->size(); }
+int Image::chain_length() const { return engine_->length(); }
+bool Image::writable() const { return engine_->writable(); }
 
 absl::Status Image::Read(uint64_t offset, absl::Span<uint8_t> buf) {
-  return chain_->Read(offset, buf);
+  Request r;
+  r.kind = Request::Kind::kRead;
+  r.offset = offset;
+  r.len = buf.size();
+  r.rbuf = buf.data();
+  return internal::RunSync(engine_.get(), &r);
 }
+
 absl::Status Image::Write(uint64_t offset, absl::Span<const uint8_t> data) {
-  return chain_->Write(offset, data);
+  Request r;
+  r.kind = Request::Kind::kWrite;
+  r.offset = offset;
+  r.len = data.size();
+  r.wbuf = data.data();
+  return internal::RunSync(engine_.get(), &r);
 }
+
 absl::Status Image::WriteZeroes(uint64_t offset, uint64_t len, bool unmap) {
-  return chain_->WriteZeroes(offset, len, unmap);
+  Request r;
+  r.kind = Request::Kind::kWriteZeroes;
+  r.offset = offset;
+  r.len = len;
+  r.unmap = unmap;
+  return internal::RunSync(engine_.get(), &r);
 }
+
 absl::Status Image::Discard(uint64_t offset, uint64_t len) {
-  return chain_->Discard(offset, len);
+  return Run(engine_.get(), Request::Kind::kDiscard, offset, len);
 }
+
+absl::Status Image::Flush() {
+  return Run(engine_.get(), Request::Kind::kFlush, 0, 0);
+}
+
 absl::Status Image::Resize(uint64_t new_size) {
-  return chain_->Resize(new_size);
+  return engine_->Resize(new_size);
 }
-absl::Status Image::Flush() { return chain_->Flush(); }
-absl::Status Image::Close() { return chain_->Close(); }
+absl::Status Image::Close() { return engine_->Close(); }
 
 absl::StatusOr<BlockStatus> Image::GetBlockStatus(uint64_t offset,
                                                   uint64_t max_len) {
-  return chain_->GetBlockStatus(offset, max_len);
+  return engine_->GetBlockStatus(offset, max_len);
 }
 
 absl::Status Image::CreateOverlay(const std::string& path,
                                   const CreateOptions& opts) {
-  return chain_->CreateOverlay(path, opts);
+  return engine_->CreateOverlay(path, opts);
 }
 
 std::vector<LayerInfo> Image::GetChainInfo() const {
-  return chain_->GetChainInfo();
+  return engine_->GetChainInfo();
 }
 
 }  // namespace qcow2

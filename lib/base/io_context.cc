@@ -15,17 +15,10 @@ thread_local int t_under_lock = 0;
 }  // namespace
 
 UnderLockScope::UnderLockScope() { ++t_under_lock; }
-UnderLockScope::~UnderLockScope() {
-  if (!paused_) --t_under_lock;
-}
-void UnderLockScope::Pause() {
-  if (!paused_) --t_under_lock;
-  paused_ = true;
-}
-void UnderLockScope::Resume() {
-  if (paused_) ++t_under_lock;
-  paused_ = false;
-}
+UnderLockScope::~UnderLockScope() { --t_under_lock; }
+
+LockReleasedScope::LockReleasedScope() { --t_under_lock; }
+LockReleasedScope::~LockReleasedScope() { ++t_under_lock; }
 
 void NoteHostCall() {
   if (t_under_lock > 0) CountMetadata(&IoStats::host_calls_under_lock, 1);

@@ -38,25 +38,29 @@ inline void CountMetadata(uint64_t IoStats::*field, uint64_t n) {
   if (IoStats* s = CurrentStats()) s->*field += n;
 }
 
-// Marks the thread as holding an image's metadata lock (Chain::mu_) while
-// it lives (Pause/Resume around a stretch with the lock let go). Host
-// file calls made meanwhile count as IoStats::host_calls_under_lock of the
-// current request (NoteHostCall).
+// Marks the thread as holding an image's metadata lock (the engine's
+// mutex) while it lives. Host file calls made meanwhile count as
+// IoStats::host_calls_under_lock of the current request (NoteHostCall).
 class UnderLockScope {
  public:
   UnderLockScope();
   ~UnderLockScope();
   UnderLockScope(const UnderLockScope&) = delete;
   UnderLockScope& operator=(const UnderLockScope&) = delete;
-  void Pause();
-  void Resume();
-
- private:
-  bool paused_ = false;
 };
 
-// Called by the File implementations (PosixFile, MemoryFile) at each host
-// call.
+// While it lives, the thread that holds the metadata lock has let it go
+// for a while (host calls are not counted as made under it).
+// REQUIRES: an UnderLockScope is live on this thread.
+class LockReleasedScope {
+ public:
+  LockReleasedScope();
+  ~LockReleasedScope();
+  LockReleasedScope(const LockReleasedScope&) = delete;
+  LockReleasedScope& operator=(const LockReleasedScope&) = delete;
+};
+
+// Called at each host call the library makes on a file (AccountedFile).
 void NoteHostCall();
 
 }  // namespace qcow2::internal

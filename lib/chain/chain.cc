@@ -9,7 +9,7 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "lib/meta/eviction_scope.h"
+#include "lib/io/accounted_file.h"
 #include "lib/io/io_plan.h"
 #include "lib/format/header.h"
 #include "lib/qcow2/qcow2_layer.h"
@@ -78,6 +78,7 @@ absl::StatusOr<std::string> ResolveBackingName(const std::string& image_name,
 absl::StatusOr<std::unique_ptr<Layer>> OpenLayer(std::unique_ptr<File> file,
                                                  const std::string& format,
                                                  const OpenOptions& opts) {
+  file = AccountedFile::Wrap(std::move(file));
   std::string fmt = format;
   uint8_t magic[4] = {0, 0, 0, 0};
   RETURN_IF_ERROR(file->ReadAt(0, absl::MakeSpan(magic, 4)));
@@ -155,11 +156,13 @@ absl::StatusOr<std::unique_ptr<Chain>> Chain::Open(std::unique_ptr<File> top,
   return chain;
 }
 
+absl::Status Chain::ClosedError() const {
+  return absl::FailedPreconditionError(
+      absl::StrCat(layers_[0]->filename(), ": image is closed"));
+}
+
 absl::Status Chain::CheckRange(uint64_t offset, uint64_t len) const {
-  if (closed_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(layers_[0]->filename(), ": image is closed"));
-  }
+  if (closed_) return ClosedError();
   uint64_t end;
   if (__builtin_add_overflow(offset, len, &end) || end > layers_[0]->size()) {
     return absl::OutOfRangeError(absl::StrCat(
@@ -360,88 +363,9 @@ absl::StatusOr<bool> Chain::ReadsAsZero(int depth, uint64_t offset,
   return true;
 }
 
-absl::StatusOr<BlockStatus> Chain::GetBlockStatus(uint64_t offset,
-                                                  uint64_t max_len) {
-  // A table not cached is read with no lock held, as a read request's is:
-  // the walk stops at the miss, the entry is read, and the walk starts
-  // over. The entries read stay pinned until the walk is done.
-  std::vector<MetadataCache::Handle> pinned;
-  IoStats stats;
-  int stale = 0;
-  while (true) {
-    MetadataCache* cache = nullptr;
-    IoPlan buffers;
-    IoOp op;
-    uint64_t want = 0, epoch = 0;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      UnderLockScope under_lock;
-      StatsScope scope(&stats);
-      std::optional<MissDeferral> deferral;
-      // Entries that keep going stale while they are read: read at once.
-      if (stale < kMaxStaleMisses) {
-        deferral.emplace(&buffers, /*even_with_work=*/true);
-      }
-      absl::StatusOr<BlockStatus> bs = BlockStatusLocked(offset, max_len);
-      if (!deferral.has_value() || !deferral->deferred()) {
-        pinned.clear();
-        retired_stats_ += stats;
-        return bs;
-      }
-      cache = deferral->cache;
-      want = deferral->offset;
-      epoch = deferral->epoch;
-      op = MissRead(*deferral, &buffers);
-    }
-    absl::Status read = RunOp(op, /*write=*/false);
-    uint64_t ticket = 0;
-    WriteBackFile* evicted = nullptr;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      UnderLockScope under_lock;
-      StatsScope scope(&stats);
-      absl::StatusOr<MetadataCache::Handle> entry = ClosedError();
-      if (!read.ok()) {
-        entry = MissReadError(cache, want, read);
-      } else if (!closed_) {
-        // Evictions it causes are recorded, and written below.
-        EvictionScope evictions(TopWriteBack(), &ticket, &evicted);
-        const iovec& v = op.iov[0];
-        entry = cache->InsertLoaded(
-            op.offset, want, epoch,
-            absl::MakeConstSpan(static_cast<const uint8_t*>(v.iov_base),
-                                v.iov_len));
-      }
-      if (!entry.ok()) {
-        pinned.clear();
-        retired_stats_ += stats;
-        return entry.status();
-      }
-      if (*entry == nullptr) {
-        ++stale;
-      } else {
-        pinned.push_back(std::move(*entry));
-      }
-    }
-    // Metadata the insertion evicted, recorded into the log: written now,
-    // with no lock held, as a request's executor writes its own.
-    absl::Status written =
-        evicted != nullptr ? evicted->WriteBack(ticket) : absl::OkStatus();
-    if (!written.ok()) {
-      std::lock_guard<std::mutex> lock(mu_);
-      pinned.clear();
-      retired_stats_ += stats;
-      return written;
-    }
-  }
-}
-
-absl::StatusOr<BlockStatus> Chain::BlockStatusLocked(uint64_t offset,
-                                                     uint64_t max_len) {
-  if (closed_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(layers_[0]->filename(), ": image is closed"));
-  }
+absl::StatusOr<BlockStatus> Chain::BlockStatusAt(uint64_t offset,
+                                                 uint64_t max_len) {
+  if (closed_) return ClosedError();
   if (offset >= size()) {
     return absl::OutOfRangeError(absl::StrCat(
         "offset ", offset, " is past the end of the image (", size(), ")"));
@@ -492,8 +416,6 @@ absl::StatusOr<BlockStatus> Chain::BlockStatusLocked(uint64_t offset,
 }
 
 std::vector<LayerInfo> Chain::GetChainInfo() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  UnderLockScope under_lock;
   std::vector<LayerInfo> out;
   for (size_t i = 0; i < layers_.size(); ++i) {
     LayerInfo info = layers_[i]->Info();

@@ -5,20 +5,19 @@
 
 #include "absl/strings/str_cat.h"
 #include "lib/chain/chain.h"
+#include "lib/io/accounted_file.h"
 #include "lib/qcow2/qcow2_layer.h"
 #include "lib/base/status_macros.h"
 
 namespace qcow2::internal {
 
-Qcow2Layer* Chain::top_qcow2() {
-  return layers_[0]->AsQcow2();
+WriteBackFile* Chain::TopWriteBack() {
+  Qcow2Layer* top = top_qcow2();
+  return top != nullptr && writable_ ? top->meta_file() : nullptr;
 }
 
 absl::Status Chain::CheckWritable() const {
-  if (closed_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(layers_[0]->filename(), ": image is closed"));
-  }
+  if (closed_) return ClosedError();
   if (!writable_) {
     return absl::FailedPreconditionError(
         layers_[0]->filename() + " is open read-only");
@@ -51,8 +50,6 @@ void Chain::ConnectBacking() {
 }
 
 absl::Status Chain::Resize(uint64_t new_size) {
-  std::lock_guard<std::mutex> lock(mu_);
-  UnderLockScope under_lock;
   RETURN_IF_ERROR(CheckWritable());
   new_size = (new_size + 511) & ~uint64_t{511};
   if (new_size < size()) {
@@ -69,8 +66,6 @@ absl::Status Chain::Resize(uint64_t new_size) {
 }
 
 absl::Status Chain::Close() {
-  std::lock_guard<std::mutex> lock(mu_);
-  UnderLockScope under_lock;
   if (closed_) return absl::OkStatus();
   closed_ = true;
   absl::Status result;
@@ -84,8 +79,6 @@ absl::Status Chain::Close() {
 
 absl::Status Chain::CreateOverlay(const std::string& path,
                                   const CreateOptions& opts) {
-  std::lock_guard<std::mutex> lock(mu_);
-  UnderLockScope under_lock;
   RETURN_IF_ERROR(CheckWritable());
   if (length() > opts_.max_chain_depth) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -144,7 +137,7 @@ absl::Status Chain::CreateOverlay(const std::string& path,
   oo.read_write = true;
   oo.format = "qcow2";
   absl::StatusOr<std::unique_ptr<Qcow2Layer>> layer =
-      Qcow2Layer::Open(std::move(file).value(), oo);
+      Qcow2Layer::Open(AccountedFile::Wrap(std::move(file).value()), oo);
   if (!layer.ok()) return fail(layer.status());
   // The old top stops taking writes: flush it and mark it clean. If that
   // fails it stays open and is still the top.

@@ -11,12 +11,12 @@
 #include <linux/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
-#include "lib/io/io_plan.h"
 #include "lib/io/posix_file.h"
 #include "lib/base/math.h"
 #include "lib/base/status_macros.h"
@@ -96,7 +96,6 @@ bool PosixFile::Aligned(uint64_t offset, const void* buf, size_t len) const {
 }
 
 absl::Status PosixFile::ReadAt(uint64_t offset, absl::Span<uint8_t> buf) {
-  NoteHostCall();
   if (Aligned(offset, buf.data(), buf.size())) {
     return RawRead(offset, buf.data(), buf.size());
   }
@@ -110,7 +109,6 @@ absl::Status PosixFile::ReadAt(uint64_t offset, absl::Span<uint8_t> buf) {
 
 absl::Status PosixFile::WriteAt(uint64_t offset,
                                 absl::Span<const uint8_t> data) {
-  NoteHostCall();
   if (Aligned(offset, data.data(), data.size())) {
     return RawWrite(offset, data.data(), data.size());
   }
@@ -134,7 +132,6 @@ absl::Status PosixFile::WriteAt(uint64_t offset,
 }
 
 absl::Status PosixFile::Flush() {
-  NoteHostCall();
   while (::fdatasync(fd_) != 0) {
     if (errno == EINTR) continue;
     return ErrnoError(errno, "fdatasync of", name_);
@@ -156,7 +153,6 @@ absl::StatusOr<uint64_t> PosixFile::Size() {
 }
 
 absl::Status PosixFile::Truncate(uint64_t size) {
-  NoteHostCall();
   if (::ftruncate(fd_, static_cast<off_t>(size)) != 0) {
     return ErrnoError(errno, absl::StrCat("truncate to ", size, " of"), name_);
   }
@@ -176,7 +172,6 @@ absl::Status PosixFile::GrowTo(uint64_t size) {
 }
 
 absl::Status PosixFile::Extend(uint64_t old_size, uint64_t new_size) {
-  NoteHostCall();
   if (page_cache_only_) return GrowTo(new_size);
   // Blocks reserved ahead (unwritten extents, reading as zeros) let a direct
   // write land without allocating: ext4 then takes the inode lock shared,
@@ -193,7 +188,6 @@ absl::Status PosixFile::Extend(uint64_t old_size, uint64_t new_size) {
 }
 
 absl::Status PosixFile::Reserve(uint64_t offset, uint64_t len) {
-  NoteHostCall();
   if (page_cache_only_) return GrowTo(offset + len);
   if (::fallocate(fd_, 0, static_cast<off_t>(offset),
                   static_cast<off_t>(len)) == 0) {
@@ -211,7 +205,6 @@ absl::Status PosixFile::Reserve(uint64_t offset, uint64_t len) {
 }
 
 absl::Status PosixFile::Allocate(uint64_t offset, uint64_t len) {
-  NoteHostCall();
   if (::fallocate(fd_, 0, static_cast<off_t>(offset),
                   static_cast<off_t>(len)) == 0) {
     return absl::OkStatus();
@@ -223,7 +216,6 @@ absl::Status PosixFile::Allocate(uint64_t offset, uint64_t len) {
 }
 
 absl::Status PosixFile::WriteZeroes(uint64_t offset, uint64_t len) {
-  NoteHostCall();
   if (::fallocate(fd_, FALLOC_FL_ZERO_RANGE, static_cast<off_t>(offset),
                   static_cast<off_t>(len)) == 0) {
     return absl::OkStatus();
@@ -253,7 +245,6 @@ absl::Status PosixFile::WriteZeroes(uint64_t offset, uint64_t len) {
 }
 
 absl::Status PosixFile::Discard(uint64_t offset, uint64_t len) {
-  NoteHostCall();
   if (::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
                   static_cast<off_t>(offset), static_cast<off_t>(len)) != 0 &&
       errno != EOPNOTSUPP) {

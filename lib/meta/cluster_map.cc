@@ -45,8 +45,7 @@ void L2Ref::Set(uint64_t entry, uint64_t bitmap) {
 ClusterMap::ClusterMap(File* file, const std::string& filename,
                        const Geometry& g, std::vector<uint64_t> l1,
                        uint64_t l1_offset, uint64_t l2_cache_bytes)
-    : file_(file),
-      filename_(filename),
+    : filename_(filename),
       g_(g),
       l1_(std::move(l1)),
       l1_offset_(l1_offset),

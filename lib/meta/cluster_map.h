@@ -100,7 +100,6 @@ class ClusterMap {
   // Adds (or removes) the L1 table and its L2 tables to metadata_.
   void TrackL1(bool add);
 
-  File* const file_;
   const std::string filename_;
   const Geometry g_;
   std::vector<uint64_t> l1_;  // host byte order

@@ -1,21 +1,20 @@
 // The scope in which a request's planning or commits record the metadata
-// write-outs they cause, for the request's executor (or Chain::Finish) to
-// write with no lock held. Internal to the request engine.
+// write-outs they cause, for the request's executor (or Engine::Finish) to
+// write with no lock held.
 #ifndef QCOW2_LIB_META_EVICTION_SCOPE_H_
 #define QCOW2_LIB_META_EVICTION_SCOPE_H_
 
 #include <cstdint>
 
 #include "lib/meta/write_back_file.h"
-#include "lib/engine/request.h"
 
 namespace qcow2::internal {
 
 // While a request is planned: evictions are recorded
 // (WriteBackFile::DeferEvictions), and `*ticket` is set to the ticket of
 // whatever was recorded, if anything: for the request's executor to write
-// before its own I/O (Request::write_back_ticket, and then `*file` is set
-// too), or for Finish to write once the lock is let go.
+// before its own I/O (and then `*file` is set too), or for the engine to
+// write once the lock is let go.
 class EvictionScope {
  public:
   EvictionScope(WriteBackFile* meta, uint64_t* ticket,
@@ -24,9 +23,6 @@ class EvictionScope {
         ticket_(ticket),
         file_(file),
         before_(meta ? meta->last_queued() : 0) {}
-  // Planning: the request's executor writes the log.
-  EvictionScope(WriteBackFile* meta, Request* r)
-      : EvictionScope(meta, &r->write_back_ticket, &r->write_back_file) {}
   ~EvictionScope() {
     if (meta_ != nullptr && meta_->last_queued() != before_) {
       *ticket_ = meta_->last_queued();

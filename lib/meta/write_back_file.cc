@@ -48,7 +48,7 @@ uint64_t WriteBackFile::EndRecord() {
     for (const Item& item : log->items) EmitEvent(item.event);
     log->items.clear();
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (!log->items.empty()) {
     log->seq = next_seq_++;
     queue_.push_back(std::move(log));
@@ -61,7 +61,7 @@ void WriteBackFile::Pin(std::shared_ptr<const void> pin) {
 }
 
 size_t WriteBackFile::queued() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return queue_.size();
 }
 
@@ -87,8 +87,8 @@ bool WriteBackFile::DeferEvictions::Spend() {
 }
 
 absl::Status WriteBackFile::WriteBack(uint64_t ticket) {
-  std::unique_lock<std::mutex> lock(mu_);
-  return WriteQueued(lock, ticket);
+  MutexLock lock(&mu_);
+  return WriteQueued(ticket);
 }
 
 WriteBackFile::RecordScope::RecordScope(WriteBackFile* file)
@@ -106,15 +106,14 @@ WriteBackFile::RecordScope::~RecordScope() {
 }
 
 bool WriteBackFile::Written(uint64_t ticket) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return written_seq_ >= ticket;
 }
 
-absl::Status WriteBackFile::WriteQueued(std::unique_lock<std::mutex>& lock,
-                                        uint64_t ticket) {
+absl::Status WriteBackFile::WriteQueued(uint64_t ticket) {
   while (written_seq_ < ticket) {
     if (replaying_) {
-      cv_.wait(lock);
+      cv_.Wait(&mu_);
       continue;
     }
     // Logs are popped only here, by the one thread replaying, so the
@@ -125,7 +124,7 @@ absl::Status WriteBackFile::WriteQueued(std::unique_lock<std::mutex>& lock,
       batch.push_back(log.get());
     }
     replaying_ = true;
-    lock.unlock();
+    mu_.Unlock();
     absl::Status s;
     size_t done = 0;
     for (const Log* log : batch) {
@@ -133,13 +132,13 @@ absl::Status WriteBackFile::WriteQueued(std::unique_lock<std::mutex>& lock,
       if (!s.ok()) break;
       ++done;
     }
-    lock.lock();
+    mu_.Lock();
     replaying_ = false;
     for (size_t i = 0; i < done; ++i) {
       written_seq_ = queue_.front()->seq;
       queue_.pop_front();
     }
-    cv_.notify_all();
+    cv_.SignalAll();
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
@@ -173,8 +172,8 @@ absl::Status WriteBackFile::Settle() {
                      ": an operation other than a write or a flush while a "
                      "metadata write-back is recorded"));
   }
-  std::unique_lock<std::mutex> lock(mu_);
-  return WriteQueued(lock, next_seq_ - 1);
+  MutexLock lock(&mu_);
+  return WriteQueued(next_seq_ - 1);
 }
 
 absl::Status WriteBackFile::WriteAt(uint64_t offset,

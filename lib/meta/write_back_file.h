@@ -42,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "lib/base/mutex.h"
 #include "qcow2/file.h"
 
 namespace qcow2::internal {
@@ -162,8 +163,8 @@ class WriteBackFile : public File {
   class Capture;
 
   // Writes the queued logs up to `ticket` once no other thread is
-  // writing; `lock` holds mu_ and is released around the I/O.
-  absl::Status WriteQueued(std::unique_lock<std::mutex>& lock, uint64_t ticket);
+  // writing; mu_ is let go around the I/O.
+  absl::Status WriteQueued(uint64_t ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Before an operation outside a recording: the queued logs are written.
   absl::Status Settle();
   // Carries out one log's items on the base file.
@@ -175,12 +176,16 @@ class WriteBackFile : public File {
   bool armed_ = false;  // a RecordScope's log begins at the next write
   std::unique_ptr<Capture> capture_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::unique_ptr<Log>> queue_;  // recorded, not yet written
-  uint64_t next_seq_ = 1;  // written under mu_ and the owner's lock
-  uint64_t written_seq_ = 0;  // every log up to this one is written
-  bool replaying_ = false;    // a thread is writing queued logs
+  mutable Mutex mu_;
+  CondVar cv_;
+  // Recorded, not yet written.
+  std::deque<std::unique_ptr<Log>> queue_ ABSL_GUARDED_BY(mu_);
+  // Written under mu_ and the owner's lock, so either may read it (not
+  // annotated: the owner's lock is not one this class can name).
+  uint64_t next_seq_ = 1;
+  // Every log up to this one is written.
+  uint64_t written_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  bool replaying_ ABSL_GUARDED_BY(mu_) = false;  // a thread writes logs
 };
 
 }  // namespace qcow2::internal

@@ -2,17 +2,25 @@
 // into a cluster the top does not own yet writes only its own bytes into a
 // new host cluster, and the cluster's L2 entry waits until writes have
 // covered it or a flush fills the rest from the chain below
-// (qcow2_layer.h, "Writes under a byte-range lock").
+// (pending_clusters.h).
+#include "lib/qcow2/pending_clusters.h"
+
 #include <algorithm>
 #include <bit>
 #include <memory>
 
 #include "absl/strings/str_format.h"
-#include "lib/format/entries.h"
-#include "lib/qcow2/qcow2_layer.h"
 #include "lib/base/events.h"
+#include "lib/base/io_context.h"
 #include "lib/base/math.h"
 #include "lib/base/status_macros.h"
+#include "lib/format/entries.h"
+#include "lib/qcow2/extent_reader.h"
+#include "lib/qcow2/flush_sequencer.h"
+#include "lib/qcow2/header_writer.h"
+#include "lib/qcow2/host_space.h"
+#include "lib/qcow2/metadata_guard.h"
+#include "lib/qcow2/write_planner.h"
 
 namespace qcow2::internal {
 
@@ -24,15 +32,16 @@ bool TestBit(const std::vector<uint64_t>& bits, uint64_t i) {
 
 }  // namespace
 
-void Qcow2Layer::NoteWriteBegun(uint64_t offset, uint64_t len) {
+void PendingClusters::NoteWriteBegun(uint64_t offset, uint64_t len) {
   recent_ends_[recent_next_] = offset + len;
   recent_next_ = (recent_next_ + 1) % recent_ends_.size();
 }
 
-Qcow2Layer::FineKind Qcow2Layer::ClassifyFine(uint64_t cluster,
-                                              uint64_t in_cluster,
-                                              uint64_t len, bool stream) {
-  const Geometry& g = map_->geometry();
+PendingClusters::FineKind PendingClusters::ClassifyFine(uint64_t cluster,
+                                                        uint64_t in_cluster,
+                                                        uint64_t len,
+                                                        bool stream) {
+  const Geometry& g = s_->geometry();
   // Pending clusters track 4 KiB units; with extended L2 a unit (or the
   // write) must also cover whole subclusters, whose bits it sets.
   const uint64_t unit =
@@ -46,11 +55,11 @@ Qcow2Layer::FineKind Qcow2Layer::ClassifyFine(uint64_t cluster,
     return aligned ? FineKind::kPending : FineKind::kNone;
   }
   L2Ref ref;
-  if (!map_->Peek(cluster, &ref)) return FineKind::kNone;
+  if (!s_->map->Peek(cluster, &ref)) return FineKind::kNone;
   const uint64_t entry = ref.slice != nullptr ? ref.entry() : 0;
   const uint64_t bitmap = ref.slice != nullptr ? ref.bitmap() : 0;
   const uint64_t guest = cluster << g.cluster_bits;
-  if (!ValidateEntry(entry, bitmap, guest).ok()) return FineKind::kNone;
+  if (!guard_->ValidateEntry(entry, bitmap, guest).ok()) return FineKind::kNone;
   const uint64_t host = entry & kEntryOffsetMask;
   if ((entry & kOflagCopied) && host != 0 && !(entry & kOflagCompressed)) {
     if (!g.extended_l2) {
@@ -80,7 +89,7 @@ Qcow2Layer::FineKind Qcow2Layer::ClassifyFine(uint64_t cluster,
   // standard entries there must be a backing chain to copy from (else the
   // write copies nothing anyway); with extended ones nothing is ever
   // copied, and the entry waits only for the writes in flight.
-  if (entry != 0 || (!g.extended_l2 && !backing_) || !aligned ||
+  if (entry != 0 || (!g.extended_l2 && !writer_->has_backing()) || !aligned ||
       g.cluster_bits <= kFineLockBits || len >= g.cluster_size ||
       pending_.size() >= kMaxPending) {
     return FineKind::kNone;
@@ -100,16 +109,17 @@ Qcow2Layer::FineKind Qcow2Layer::ClassifyFine(uint64_t cluster,
   return FineKind::kNone;
 }
 
-bool Qcow2Layer::FineWritable(uint64_t offset, uint64_t len, bool stream) {
-  if (!writable_ || closed_ || marked_corrupt_ || len == 0) return false;
-  const Geometry& g = map_->geometry();
+bool PendingClusters::FineWritable(uint64_t offset, uint64_t len, bool stream) {
+  if (!s_->writable || s_->closed || s_->marked_corrupt || len == 0)
+    return false;
+  const Geometry& g = s_->geometry();
   uint64_t pos = 0;
   while (pos < len) {
     const uint64_t cur = offset + pos;
     const uint64_t in_cluster = cur & (g.cluster_size - 1);
     const uint64_t n = std::min(len - pos, g.cluster_size - in_cluster);
-    const FineKind kind = ClassifyFine(cur >> g.cluster_bits, in_cluster, n,
-                                       stream);
+    const FineKind kind =
+        ClassifyFine(cur >> g.cluster_bits, in_cluster, n, stream);
     if (kind == FineKind::kNone) return false;
     // A deferred or pending write stays inside one cluster.
     if (kind != FineKind::kInPlace && n != len) return false;
@@ -118,23 +128,25 @@ bool Qcow2Layer::FineWritable(uint64_t offset, uint64_t len, bool stream) {
   return true;
 }
 
-absl::Status Qcow2Layer::PlanPendingWrite(uint64_t cluster,
-                                          uint64_t in_cluster,
-                                          absl::Span<const uint8_t> data,
-                                          IoPlan* plan) {
-  const Geometry& g = map_->geometry();
+absl::Status PendingClusters::PlanPendingWrite(uint64_t cluster,
+                                               uint64_t in_cluster,
+                                               absl::Span<const uint8_t> data,
+                                               IoPlan* plan) {
+  const Geometry& g = s_->geometry();
   auto it = pending_.find(cluster);
   if (it == pending_.end()) {
-    ASSIGN_OR_RETURN(L2Ref ref, L2ForWrite(cluster));
+    ASSIGN_OR_RETURN(L2Ref ref, writer_->L2ForWrite(cluster));
     if (ref.entry() != 0) {
       return absl::InternalError(absl::StrFormat(
           "%s: deferred copy-on-write into guest cluster %d, which is "
-          "allocated", file_->name(), cluster));
+          "allocated",
+          s_->file->name(), cluster));
     }
-    const uint64_t end_before = refcounts_->end_cluster();
-    ASSIGN_OR_RETURN(uint64_t fresh, refcounts_->Allocate(1));
-    if (absl::Status s = CheckDataTarget(fresh, g.cluster_size); !s.ok()) {
-      refcounts_->Update(fresh, g.cluster_size, -1).IgnoreError();
+    const uint64_t end_before = s_->refcounts->end_cluster();
+    ASSIGN_OR_RETURN(uint64_t fresh, s_->refcounts->Allocate(1));
+    if (absl::Status s = guard_->CheckDataTarget(fresh, g.cluster_size);
+        !s.ok()) {
+      s_->refcounts->Update(fresh, g.cluster_size, -1).IgnoreError();
       return s;
     }
     CountMetadata(&IoStats::cluster_allocations, 1);
@@ -160,7 +172,7 @@ absl::Status Qcow2Layer::PlanPendingWrite(uint64_t cluster,
   p.in_flight.push_back({id, in_cluster, data.data(), data.size()});
   EmitEvent("deferred-write");
   IoOp op;
-  op.file = file_.get();
+  op.file = s_->file.get();
   op.offset = p.host + in_cluster;
   op.guest_bytes = data.size();
   op.Add(data.data(), data.size());
@@ -174,17 +186,16 @@ absl::Status Qcow2Layer::PlanPendingWrite(uint64_t cluster,
   return absl::OkStatus();
 }
 
-absl::Status Qcow2Layer::FinishPendingWrite(uint64_t cluster, uint64_t id,
-                                            const std::vector<uint64_t>& newly,
-                                            bool ok) {
+absl::Status PendingClusters::FinishPendingWrite(
+    uint64_t cluster, uint64_t id, const std::vector<uint64_t>& newly,
+    bool ok) {
   auto it = pending_.find(cluster);
   // Gone: committed by a flush meanwhile (which wrote this write's bytes
   // too), or dropped when the image was marked corrupt.
   if (it == pending_.end()) return absl::OkStatus();
   PendingCluster& p = it->second;
-  if (std::erase_if(p.in_flight, [id](const PendingWrite& w) {
-        return w.id == id;
-      }) == 0) {
+  if (std::erase_if(p.in_flight,
+                    [id](const PendingWrite& w) { return w.id == id; }) == 0) {
     return absl::OkStatus();  // a later pending life of the same cluster
   }
   if (!ok) {
@@ -196,11 +207,11 @@ absl::Status Qcow2Layer::FinishPendingWrite(uint64_t cluster, uint64_t id,
   // A fill in flight wrote this write's bytes too, and commits the
   // cluster (or leaves it pending if it fails).
   if (!p.in_flight.empty() || p.filling) return absl::OkStatus();
-  const Geometry& g = map_->geometry();
+  const Geometry& g = s_->geometry();
   if (p.covered_units == 0) {
     const uint64_t host = p.host;
     pending_.erase(it);
-    return refcounts_->Update(host, g.cluster_size, -1);
+    return s_->refcounts->Update(host, g.cluster_size, -1);
   }
   // With extended L2 the units written so far become allocated
   // subclusters, the rest keep what they were: nothing to copy.
@@ -210,11 +221,11 @@ absl::Status Qcow2Layer::FinishPendingWrite(uint64_t cluster, uint64_t id,
   return absl::OkStatus();
 }
 
-absl::Status Qcow2Layer::CommitPending(uint64_t cluster) {
+absl::Status PendingClusters::CommitPending(uint64_t cluster) {
   auto it = pending_.find(cluster);
   PendingCluster& p = it->second;
-  const Geometry& g = map_->geometry();
-  RETURN_IF_ERROR(OrderL2AfterAllocation());
+  const Geometry& g = s_->geometry();
+  RETURN_IF_ERROR(flusher_->OrderL2AfterAllocation());
   uint64_t bitmap = 0;
   if (g.extended_l2) {
     // Covered subclusters become allocated (and not zero); the others
@@ -230,12 +241,12 @@ absl::Status Qcow2Layer::CommitPending(uint64_t cluster) {
              (uint64_t{static_cast<uint32_t>(now >> 32) & ~mask} << 32);
   }
   p.ref.Set(p.host | kOflagCopied, bitmap);
-  NoteDataWritten(p.host);
+  host_space_->NoteDataWritten(p.host);
   pending_.erase(it);
   return absl::OkStatus();
 }
 
-std::vector<uint64_t> Qcow2Layer::PendingClusters() const {
+std::vector<uint64_t> PendingClusters::Clusters() const {
   std::vector<uint64_t> out;
   out.reserve(pending_.size());
   for (const auto& [cluster, p] : pending_) out.push_back(cluster);
@@ -243,16 +254,16 @@ std::vector<uint64_t> Qcow2Layer::PendingClusters() const {
   return out;
 }
 
-absl::Status Qcow2Layer::PlanFill(uint64_t cluster, IoPlan* plan) {
+absl::Status PendingClusters::PlanFill(uint64_t cluster, IoPlan* plan) {
   auto it = pending_.find(cluster);
   if (it == pending_.end()) return absl::OkStatus();
   PendingCluster& p = it->second;
   if (p.filling) {
-    return absl::InternalError(absl::StrFormat(
-        "%s: guest cluster %d is already being filled", file_->name(),
-        cluster));
+    return absl::InternalError(
+        absl::StrFormat("%s: guest cluster %d is already being filled",
+                        s_->file->name(), cluster));
   }
-  const Geometry& g = map_->geometry();
+  const Geometry& g = s_->geometry();
   const uint64_t units = g.cluster_size / kFineLockBytes;
   const uint64_t guest = cluster << g.cluster_bits;
   const size_t writes_before = plan->writes.size();
@@ -265,7 +276,7 @@ absl::Status Qcow2Layer::PlanFill(uint64_t cluster, IoPlan* plan) {
     uint8_t* copy = plan->Buffer(w.len);
     std::copy(w.data, w.data + w.len, copy);
     IoOp op;
-    op.file = file_.get();
+    op.file = s_->file.get();
     op.offset = p.host + w.in_cluster;
     op.guest_bytes = 0;
     op.Add(copy, w.len);
@@ -285,16 +296,16 @@ absl::Status Qcow2Layer::PlanFill(uint64_t cluster, IoPlan* plan) {
     u = v;
     if (p.virgin) {
       // The new cluster reads as zeros already.
-      ASSIGN_OR_RETURN(bool zero, KnownZero(0, 0, guest + start, len));
+      ASSIGN_OR_RETURN(bool zero, writer_->KnownZero(0, 0, guest + start, len));
       if (zero) {
         CountMetadata(&IoStats::cow_skipped_zero, 1);
         continue;
       }
     }
     uint8_t* buf = plan->Buffer(len);
-    RETURN_IF_ERROR(PlanReadOld(0, 0, guest + start, buf, len, plan));
+    RETURN_IF_ERROR(writer_->PlanReadOld(0, 0, guest + start, buf, len, plan));
     IoOp op;
-    op.file = file_.get();
+    op.file = s_->file.get();
     op.offset = p.host + start;
     op.guest_bytes = 0;  // all of it is copy-on-write
     op.Add(buf, len);
@@ -312,10 +323,10 @@ absl::Status Qcow2Layer::PlanFill(uint64_t cluster, IoPlan* plan) {
     p.filling = false;
     // Every unit holds its data now (with standard L2): the cluster can
     // go into the table.
-    if (!map_->geometry().extended_l2) {
+    if (!s_->geometry().extended_l2) {
       std::fill(p.covered.begin(), p.covered.end(), ~uint64_t{0});
-      p.covered_units = static_cast<uint32_t>(map_->geometry().cluster_size /
-                                              kFineLockBytes);
+      p.covered_units =
+          static_cast<uint32_t>(s_->geometry().cluster_size / kFineLockBytes);
     }
     return CommitPending(cluster);
   });
@@ -328,7 +339,7 @@ absl::Status Qcow2Layer::PlanFill(uint64_t cluster, IoPlan* plan) {
   return absl::OkStatus();
 }
 
-absl::Status Qcow2Layer::Materialize(uint64_t cluster) {
+absl::Status PendingClusters::Materialize(uint64_t cluster) {
   IoPlan plan;
   absl::Status s = PlanFill(cluster, &plan);
   if (s.ok() && !plan.writes.empty()) s = RunPlanIo(plan, CurrentStats());
@@ -340,20 +351,20 @@ absl::Status Qcow2Layer::Materialize(uint64_t cluster) {
   return absl::OkStatus();
 }
 
-absl::Status Qcow2Layer::SettleAllPending() {
+absl::Status PendingClusters::SettleAllPending() {
   return SettlePendingIn(0, ~uint64_t{0}, /*drop_whole=*/false);
 }
 
-absl::Status Qcow2Layer::PlanFillsFor(uint64_t offset, uint64_t len,
-                                      IoPlan* plan) {
+absl::Status PendingClusters::PlanFillsFor(uint64_t offset, uint64_t len,
+                                           IoPlan* plan) {
   return SettlePendingIn(offset, len, /*drop_whole=*/true, plan);
 }
 
-absl::Status Qcow2Layer::SettlePendingIn(uint64_t offset, uint64_t len,
-                                         bool drop_whole, IoPlan* fills) {
+absl::Status PendingClusters::SettlePendingIn(uint64_t offset, uint64_t len,
+                                              bool drop_whole, IoPlan* fills) {
   if (pending_.empty() || len == 0) return absl::OkStatus();
-  const uint32_t bits = map_->geometry().cluster_bits;
-  const uint64_t cs = map_->geometry().cluster_size;
+  const uint32_t bits = s_->geometry().cluster_bits;
+  const uint64_t cs = s_->geometry().cluster_size;
   const uint64_t first = offset >> bits;
   const uint64_t last = (offset + len - 1) >> bits;
   std::vector<uint64_t> clusters;
@@ -370,11 +381,12 @@ absl::Status Qcow2Layer::SettlePendingIn(uint64_t offset, uint64_t len,
       // cluster yet, so it is simply given back.
       const uint64_t host = it->second.host;
       pending_.erase(it);
-      RETURN_IF_ERROR(refcounts_->Update(host, cs, -1));
+      RETURN_IF_ERROR(s_->refcounts->Update(host, cs, -1));
       continue;
     }
     if (fills == nullptr) {
-      if (absl::Status s = Materialize(cluster); !s.ok()) return Fail(s);
+      if (absl::Status s = Materialize(cluster); !s.ok())
+        return header_writer_->Fail(s);
       continue;
     }
     const size_t commits = fills->commits.size();
@@ -384,7 +396,8 @@ absl::Status Qcow2Layer::SettlePendingIn(uint64_t offset, uint64_t len,
       // Nothing to copy (the rest of a fresh cluster reads as zeros):
       // committed now, as Materialize would.
       for (size_t i = commits; i < fills->commits.size(); ++i) {
-        if (absl::Status s = fills->commits[i](); !s.ok()) return Fail(s);
+        if (absl::Status s = fills->commits[i](); !s.ok())
+          return header_writer_->Fail(s);
       }
       fills->commits.resize(commits);
       fills->aborts.resize(aborts);
@@ -393,9 +406,9 @@ absl::Status Qcow2Layer::SettlePendingIn(uint64_t offset, uint64_t len,
   return absl::OkStatus();
 }
 
-bool Qcow2Layer::HasPendingIn(uint64_t offset, uint64_t len) const {
+bool PendingClusters::HasPendingIn(uint64_t offset, uint64_t len) const {
   if (pending_.empty() || len == 0) return false;
-  const uint32_t bits = map_->geometry().cluster_bits;
+  const uint32_t bits = s_->geometry().cluster_bits;
   const uint64_t first = offset >> bits;
   const uint64_t last = (offset + len - 1) >> bits;
   for (const auto& [cluster, p] : pending_) {
@@ -404,8 +417,8 @@ bool Qcow2Layer::HasPendingIn(uint64_t offset, uint64_t len) const {
   return false;
 }
 
-uint64_t Qcow2Layer::ClipAtPending(uint64_t offset, uint64_t len) const {
-  const uint32_t bits = map_->geometry().cluster_bits;
+uint64_t PendingClusters::ClipAtPending(uint64_t offset, uint64_t len) const {
+  const uint32_t bits = s_->geometry().cluster_bits;
   const uint64_t own = offset >> bits;
   for (const auto& [cluster, p] : pending_) {
     if (cluster <= own) continue;
@@ -415,10 +428,10 @@ uint64_t Qcow2Layer::ClipAtPending(uint64_t offset, uint64_t len) const {
   return len;
 }
 
-absl::StatusOr<Extent> Qcow2Layer::MapPending(PendingCluster& p,
-                                              uint64_t offset,
-                                              uint64_t max_len) {
-  const Geometry& g = map_->geometry();
+absl::StatusOr<Extent> PendingClusters::MapPending(uint64_t offset,
+                                                   uint64_t max_len) {
+  const Geometry& g = s_->geometry();
+  PendingCluster& p = pending_.find(offset >> g.cluster_bits)->second;
   const uint64_t in_cluster = offset & (g.cluster_size - 1);
   const uint64_t units = g.cluster_size / kFineLockBytes;
   uint64_t u = in_cluster / kFineLockBytes;
@@ -427,7 +440,7 @@ absl::StatusOr<Extent> Qcow2Layer::MapPending(PendingCluster& p,
   const uint64_t len = std::min(max_len, u * kFineLockBytes - in_cluster);
   if (!covered) {
     // What the L2 entry, still the old one, says of the rest.
-    return MapInCluster(p.ref, offset, len);
+    return reader_->MapInCluster(p.ref, offset, len);
   }
   Extent e;
   e.kind = Extent::kData;

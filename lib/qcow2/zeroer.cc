@@ -1,14 +1,21 @@
 // Write-zeroes and discard for qcow2 layers: zero flags, zero subcluster
 // bitmaps, and releasing host clusters.
+#include "lib/qcow2/zeroer.h"
+
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
-#include "lib/meta/metadata_cache.h"
-#include "lib/format/entries.h"
-#include "lib/qcow2/qcow2_layer.h"
 #include "lib/base/math.h"
 #include "lib/base/status_macros.h"
+#include "lib/format/entries.h"
+#include "lib/meta/metadata_cache.h"
+#include "lib/qcow2/extent_reader.h"
+#include "lib/qcow2/header_writer.h"
+#include "lib/qcow2/host_space.h"
+#include "lib/qcow2/metadata_guard.h"
+#include "lib/qcow2/pending_clusters.h"
+#include "lib/qcow2/write_planner.h"
 
 namespace qcow2::internal {
 
@@ -19,48 +26,49 @@ const std::vector<uint8_t>& ZeroCluster2M() {
 }
 }  // namespace
 
-absl::StatusOr<bool> Qcow2Layer::ReadsAsZeroHere(uint64_t offset,
-                                                 uint64_t len) {
+absl::StatusOr<bool> Zeroer::ReadsAsZeroHere(uint64_t offset, uint64_t len) {
   if (len == 0) return true;
-  ASSIGN_OR_RETURN(Extent e, Map(offset, len));
-  return e.length >= len && (e.kind == Extent::kZero ||
-                             (e.kind == Extent::kUnallocated && !backing_));
+  ASSIGN_OR_RETURN(Extent e, reader_->Map(offset, len));
+  return e.length >= len &&
+         (e.kind == Extent::kZero ||
+          (e.kind == Extent::kUnallocated && !writer_->has_backing()));
 }
 
-absl::Status Qcow2Layer::ZeroCluster(uint64_t cluster, bool free_clusters,
-                                     IoPlan* plan) {
-  const Geometry& g = map_->geometry();
-  ASSIGN_OR_RETURN(L2Ref ref, map_->Lookup(cluster));
+absl::Status Zeroer::ZeroCluster(uint64_t cluster, bool free_clusters,
+                                 IoPlan* plan) {
+  const Geometry& g = s_->geometry();
+  ASSIGN_OR_RETURN(L2Ref ref, s_->map->Lookup(cluster));
   if (ref.slice != nullptr &&
-      !(map_->l1()[cluster / g.l2_entries] & kOflagCopied)) {
+      !(s_->map->l1()[cluster / g.l2_entries] & kOflagCopied)) {
     // The table is shared (an internal snapshot uses it too): edit a
     // private copy, never the shared one.
-    ASSIGN_OR_RETURN(ref, L2ForWrite(cluster));
+    ASSIGN_OR_RETURN(ref, writer_->L2ForWrite(cluster));
   }
   const uint64_t entry = ref.slice ? ref.entry() : 0;
   const uint64_t bitmap = ref.slice ? ref.bitmap() : 0;
   const uint64_t guest = cluster << g.cluster_bits;
   // The entry decides what is freed or kept: check it first.
-  RETURN_IF_ERROR(ValidateEntry(entry, bitmap, guest));
-  RETURN_IF_ERROR(CheckNotMetadata(entry, guest));
-  if (entry == 0 && bitmap == 0 && !backing_) return absl::OkStatus();
+  RETURN_IF_ERROR(guard_->ValidateEntry(entry, bitmap, guest));
+  RETURN_IF_ERROR(guard_->CheckNotMetadata(entry, guest));
+  if (entry == 0 && bitmap == 0 && !writer_->has_backing())
+    return absl::OkStatus();
   const uint64_t host = entry & kEntryOffsetMask;
   const bool owned =
       host != 0 && (entry & kOflagCopied) && !(entry & kOflagCompressed);
   const bool keep = owned && !free_clusters;
 
-  if (header_.version < 3) {
+  if (s_->header.version < 3) {
     // No zero flag in version 2: zero bytes are written (planned).
-    if (backing_) {
-      return PlanWriteCluster(
+    if (writer_->has_backing()) {
+      return writer_->PlanWriteCluster(
           cluster, 0,
           absl::MakeConstSpan(ZeroCluster2M().data(), g.cluster_size), plan);
     }
     if (keep) {
-      RETURN_IF_ERROR(CheckDataTarget(host, g.cluster_size));
-      NoteDataWritten(host);
+      RETURN_IF_ERROR(guard_->CheckDataTarget(host, g.cluster_size));
+      host_space_->NoteDataWritten(host);
       IoOp op;
-      op.file = file_.get();
+      op.file = s_->file.get();
       op.offset = host;
       op.bytes = g.cluster_size;
       op.zero_range = true;
@@ -69,11 +77,11 @@ absl::Status Qcow2Layer::ZeroCluster(uint64_t cluster, bool free_clusters,
     }
     if (entry == 0) return absl::OkStatus();
     ref.Set(0, 0);
-    return ReleaseHost(entry, bitmap, guest);
+    return writer_->ReleaseHost(entry, bitmap, guest);
   }
 
   if (ref.slice == nullptr) {
-    ASSIGN_OR_RETURN(ref, L2ForWrite(cluster));
+    ASSIGN_OR_RETURN(ref, writer_->L2ForWrite(cluster));
   }
   if (g.extended_l2) {
     ref.Set(keep ? (host | kOflagCopied) : 0, 0xffffffffull << 32);
@@ -81,14 +89,14 @@ absl::Status Qcow2Layer::ZeroCluster(uint64_t cluster, bool free_clusters,
     ref.Set(keep ? (host | kOflagCopied | kOflagZero) : kOflagZero, 0);
   }
   if (!keep && (host != 0 || (entry & kOflagCompressed))) {
-    RETURN_IF_ERROR(ReleaseHost(entry, bitmap, guest));
+    RETURN_IF_ERROR(writer_->ReleaseHost(entry, bitmap, guest));
   }
   return absl::OkStatus();
 }
 
-absl::Status Qcow2Layer::ZeroSubclusters(uint64_t cluster, uint64_t in_cluster,
-                                         uint64_t len, IoPlan* plan) {
-  const Geometry& g = map_->geometry();
+absl::Status Zeroer::ZeroSubclusters(uint64_t cluster, uint64_t in_cluster,
+                                     uint64_t len, IoPlan* plan) {
+  const Geometry& g = s_->geometry();
   const uint64_t guest = cluster << g.cluster_bits;
   const uint64_t first_full = AlignUp(in_cluster, g.subcluster_size);
   const uint64_t end = in_cluster + len;
@@ -97,18 +105,17 @@ absl::Status Qcow2Layer::ZeroSubclusters(uint64_t cluster, uint64_t in_cluster,
   // unless they already read as zero.
   auto zero_bytes = [&](uint64_t from, uint64_t to) {
     const auto zeros = absl::MakeConstSpan(ZeroCluster2M().data(), to - from);
-    return PlanWriteCluster(cluster, from, zeros, plan);
+    return writer_->PlanWriteCluster(cluster, from, zeros, plan);
   };
   if (first_full >= last_full) {
     ASSIGN_OR_RETURN(bool zero, ReadsAsZeroHere(guest + in_cluster, len));
     return zero ? absl::OkStatus() : zero_bytes(in_cluster, end);
   }
-  ASSIGN_OR_RETURN(
-      bool head_zero,
-      ReadsAsZeroHere(guest + in_cluster, first_full - in_cluster));
+  ASSIGN_OR_RETURN(bool head_zero, ReadsAsZeroHere(guest + in_cluster,
+                                                   first_full - in_cluster));
   ASSIGN_OR_RETURN(bool tail_zero,
                    ReadsAsZeroHere(guest + last_full, end - last_full));
-  ASSIGN_OR_RETURN(L2Ref ref, L2ForWrite(cluster));
+  ASSIGN_OR_RETURN(L2Ref ref, writer_->L2ForWrite(cluster));
   const uint64_t entry = ref.entry();
   const uint64_t host = entry & kEntryOffsetMask;
   if ((entry & kOflagCompressed) || (host != 0 && !(entry & kOflagCopied))) {
@@ -117,14 +124,14 @@ absl::Status Qcow2Layer::ZeroSubclusters(uint64_t cluster, uint64_t in_cluster,
     // read (and decompressed) into a buffer and the range zeroed there
     // before the buffer is written.
     uint8_t* buf = plan->Buffer(g.cluster_size);
-    RETURN_IF_ERROR(
-        PlanReadOld(entry, ref.bitmap(), guest, buf, g.cluster_size, plan));
+    RETURN_IF_ERROR(writer_->PlanReadOld(entry, ref.bitmap(), guest, buf,
+                                         g.cluster_size, plan));
     plan->after_reads.push_back([buf, in_cluster, len] {
       std::memset(buf + in_cluster, 0, len);
       return absl::OkStatus();
     });
-    return PlanWriteCluster(cluster, 0,
-                            absl::MakeConstSpan(buf, g.cluster_size), plan);
+    return writer_->PlanWriteCluster(
+        cluster, 0, absl::MakeConstSpan(buf, g.cluster_size), plan);
   }
   // Both ends into a cluster with no host cluster yet would each allocate
   // one: one write of zero bytes over the whole range does it all.
@@ -135,25 +142,24 @@ absl::Status Qcow2Layer::ZeroSubclusters(uint64_t cluster, uint64_t in_cluster,
   // the whole subclusters between get their zero flags now.
   if (!head_zero) RETURN_IF_ERROR(zero_bytes(in_cluster, first_full));
   if (!tail_zero) RETURN_IF_ERROR(zero_bytes(last_full, end));
-  ASSIGN_OR_RETURN(ref, L2ForWrite(cluster));
+  ASSIGN_OR_RETURN(ref, writer_->L2ForWrite(cluster));
   const uint64_t bitmap = ref.bitmap();
   const int sc0 = static_cast<int>(first_full / g.subcluster_size);
   const int sc1 = static_cast<int>(last_full / g.subcluster_size) - 1;
-  const uint32_t mask = static_cast<uint32_t>(
-      ((1ull << (sc1 + 1)) - 1) & ~((1ull << sc0) - 1));
+  const uint32_t mask =
+      static_cast<uint32_t>(((1ull << (sc1 + 1)) - 1) & ~((1ull << sc0) - 1));
   const uint32_t alloc = static_cast<uint32_t>(bitmap) & ~mask;
   const uint32_t zero = static_cast<uint32_t>(bitmap >> 32) | mask;
   ref.Set(ref.entry(), uint64_t{alloc} | (uint64_t{zero} << 32));
   return absl::OkStatus();
 }
 
-absl::Status Qcow2Layer::Zero(uint64_t offset, uint64_t len,
-                              bool free_clusters, IoPlan* plan,
-                              uint64_t* done, bool* more) {
-  RETURN_IF_ERROR(PrepareWrite());
+absl::Status Zeroer::Zero(uint64_t offset, uint64_t len, bool free_clusters,
+                          IoPlan* plan, uint64_t* done, bool* more) {
+  RETURN_IF_ERROR(header_writer_->PrepareWrite());
   // Clusters waiting for their L2 entry get it first (the caller holds
   // them whole, so no write to them is in flight).
-  RETURN_IF_ERROR(SettlePendingIn(offset, len, /*drop_whole=*/true));
+  RETURN_IF_ERROR(pending_->SettlePendingIn(offset, len, /*drop_whole=*/true));
   // Changes are made as the range is walked: a table missing on the way
   // cannot be left for later then. So the walk goes a window of
   // kProbeClusters at a time, each looked up first, while a miss can
@@ -161,7 +167,7 @@ absl::Status Qcow2Layer::Zero(uint64_t offset, uint64_t len,
   // from `*done`). The whole clusters come first; the partial ones at
   // either end last, as they may put writes into the plan (which must be
   // empty for a miss to be deferred).
-  const uint64_t cs = map_->geometry().cluster_size;
+  const uint64_t cs = s_->geometry().cluster_size;
   const uint64_t end = offset + len;
   const uint64_t mid_begin = std::min(AlignUp(offset, cs), end);
   const uint64_t mid_end = std::max(mid_begin, AlignDown(end, cs));
@@ -170,14 +176,14 @@ absl::Status Qcow2Layer::Zero(uint64_t offset, uint64_t len,
   if (more != nullptr) *more = false;
   int windows = 0;
   while (mid_begin + *done < mid_end) {
-    if (more != nullptr &&
-        (windows == kZeroRoundWindows || plan->HasWork())) {
+    if (more != nullptr && (windows == kZeroRoundWindows || plan->HasWork())) {
       *more = true;  // the rest in the next round
       return absl::OkStatus();
     }
     const uint64_t at = mid_begin + *done;
-    const uint64_t n = std::min(mid_end - at, kProbeClusters * cs);
-    RETURN_IF_ERROR(ProbeChange(at, n, free_clusters));
+    const uint64_t n =
+        std::min(mid_end - at, WritePlanner::kProbeClusters * cs);
+    RETURN_IF_ERROR(writer_->ProbeChange(at, n, free_clusters));
     MissDeferral::Paused changes;
     RETURN_IF_ERROR(ZeroRange(at, n, free_clusters, plan));
     *done += n;
@@ -188,16 +194,17 @@ absl::Status Qcow2Layer::Zero(uint64_t offset, uint64_t len,
     *more = true;  // the partial clusters' probe may miss: a round of its own
     return absl::OkStatus();
   }
-  RETURN_IF_ERROR(ProbeChange(offset, mid_begin - offset, free_clusters));
-  RETURN_IF_ERROR(ProbeChange(mid_end, end - mid_end, free_clusters));
+  RETURN_IF_ERROR(
+      writer_->ProbeChange(offset, mid_begin - offset, free_clusters));
+  RETURN_IF_ERROR(writer_->ProbeChange(mid_end, end - mid_end, free_clusters));
   MissDeferral::Paused changes;
   RETURN_IF_ERROR(ZeroRange(offset, mid_begin - offset, free_clusters, plan));
   return ZeroRange(mid_end, end - mid_end, free_clusters, plan);
 }
 
-absl::Status Qcow2Layer::ZeroRange(uint64_t offset, uint64_t len,
-                                   bool free_clusters, IoPlan* plan) {
-  const Geometry& g = map_->geometry();
+absl::Status Zeroer::ZeroRange(uint64_t offset, uint64_t len,
+                               bool free_clusters, IoPlan* plan) {
+  const Geometry& g = s_->geometry();
   uint64_t pos = 0;
   while (pos < len) {
     const uint64_t cur = offset + pos;
@@ -210,8 +217,8 @@ absl::Status Qcow2Layer::ZeroRange(uint64_t offset, uint64_t len,
     // zeros whatever we do, so a final partial cluster may be zeroed whole.
     // With one they must keep reading the backing file after a resize.
     const bool whole =
-        n == g.cluster_size ||
-        (in_cluster == 0 && cur + n == header_.size && !backing_);
+        n == g.cluster_size || (in_cluster == 0 && cur + n == s_->header.size &&
+                                !writer_->has_backing());
     absl::Status s;
     if (whole) {
       s = ZeroCluster(cluster, free_clusters, plan);
@@ -222,12 +229,12 @@ absl::Status Qcow2Layer::ZeroRange(uint64_t offset, uint64_t len,
       if (!zero) {
         // Planned: the caller's executor writes it with no lock held. No
         // other change of this request touches the cluster.
-        s = PlanWriteCluster(cluster, in_cluster,
-                             absl::MakeConstSpan(ZeroCluster2M().data(), n),
-                             plan);
+        s = writer_->PlanWriteCluster(
+            cluster, in_cluster, absl::MakeConstSpan(ZeroCluster2M().data(), n),
+            plan);
       }
     }
-    if (!s.ok()) return Fail(std::move(s));
+    if (!s.ok()) return header_writer_->Fail(std::move(s));
     pos += n;
   }
   return absl::OkStatus();

@@ -2,19 +2,25 @@
 // where (copy-on-write), what to write, and which L2 entries to change once
 // the data is written. The plan is made under the image's metadata lock;
 // its I/O runs without it (lib/engine).
+#include "lib/qcow2/write_planner.h"
+
 #include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "lib/meta/metadata_cache.h"
-#include "lib/format/compress.h"
-#include "lib/format/entries.h"
-#include "lib/qcow2/qcow2_layer.h"
-#include "lib/base/endian.h"
 #include "lib/base/events.h"
+#include "lib/base/io_context.h"
 #include "lib/base/math.h"
 #include "lib/base/status_macros.h"
+#include "lib/format/entries.h"
+#include "lib/meta/metadata_cache.h"
+#include "lib/qcow2/extent_reader.h"
+#include "lib/qcow2/flush_sequencer.h"
+#include "lib/qcow2/header_writer.h"
+#include "lib/qcow2/host_space.h"
+#include "lib/qcow2/metadata_guard.h"
+#include "lib/qcow2/pending_clusters.h"
 
 namespace qcow2::internal {
 
@@ -42,73 +48,25 @@ absl::Status ForEachSubcluster(const Geometry& g, uint64_t entry,
   for (uint64_t pos = 0; pos < len; pos += n) {
     const uint64_t in_cluster = (offset + pos) & (g.cluster_size - 1);
     const int sc = static_cast<int>(in_cluster / g.subcluster_size);
-    n = std::min<uint64_t>(len - pos, (sc + 1) * g.subcluster_size - in_cluster);
-    RETURN_IF_ERROR(
-        fn(ClassifySubcluster(entry, bitmap, g.extended_l2, sc), pos,
-           in_cluster, n));
+    n = std::min<uint64_t>(len - pos,
+                           (sc + 1) * g.subcluster_size - in_cluster);
+    RETURN_IF_ERROR(fn(ClassifySubcluster(entry, bitmap, g.extended_l2, sc),
+                       pos, in_cluster, n));
   }
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::Status Qcow2Layer::PlanCompressedRead(uint64_t entry, uint64_t offset,
-                                            uint8_t* dest, uint64_t len,
-                                            IoPlan* plan,
-                                            IoCategory category) {
-  const Geometry& g = map_->geometry();
-  const uint64_t in_cluster = offset & (g.cluster_size - 1);
-  if (decompressed_entry_ == entry && decompressed_.size() == g.cluster_size) {
-    std::memcpy(dest, decompressed_.data() + in_cluster, len);
-    return absl::OkStatus();
-  }
-  // One decompression per cluster and plan: look for an earlier one.
-  for (const auto& d : plan->decompressed) {
-    if (d.layer == this && d.entry == entry) {
-      const uint8_t* src = d.cluster + in_cluster;
-      plan->after_reads.push_back([dest, src, len] {
-        std::memcpy(dest, src, len);
-        return absl::OkStatus();
-      });
-      return absl::OkStatus();
-    }
-  }
-  const CompressedExtent c = DecodeCompressed(entry, g.cluster_bits);
-  uint8_t* in = plan->Buffer(c.length);
-  uint8_t* cluster = plan->Buffer(g.cluster_size);
-  plan->Read(file_.get(), c.host_offset, in, c.length, category);
-  plan->decompressed.push_back({this, entry, cluster});
-  const auto type = static_cast<CompressionType>(header_.compression_type);
-  const uint64_t cs = g.cluster_size;
-  File* file = file_.get();
-  plan->after_reads.push_back([=]() -> absl::Status {
-    absl::Status s = DecompressCluster(type, absl::MakeConstSpan(in, c.length),
-                                       absl::MakeSpan(cluster, cs));
-    if (!s.ok()) {
-      return absl::DataLossError(
-          absl::StrFormat("%s: compressed cluster at host offset 0x%x: %s",
-                          file->name(), c.host_offset, s.message()));
-    }
-    std::memcpy(dest, cluster + in_cluster, len);
-    return absl::OkStatus();
-  });
-  // Remember the cluster for the next small read of it.
-  plan->commits.push_back([this, entry, cluster, cs] {
-    decompressed_.assign(cluster, cluster + cs);
-    decompressed_entry_ = entry;
-    return absl::OkStatus();
-  });
-  return absl::OkStatus();
-}
-
-absl::Status Qcow2Layer::PlanReadOld(uint64_t entry, uint64_t bitmap,
-                                     uint64_t offset, uint8_t* dest,
-                                     uint64_t len, IoPlan* plan) {
-  const Geometry& g = map_->geometry();
+absl::Status WritePlanner::PlanReadOld(uint64_t entry, uint64_t bitmap,
+                                       uint64_t offset, uint8_t* dest,
+                                       uint64_t len, IoPlan* plan) {
+  const Geometry& g = s_->geometry();
   if (len == 0) return absl::OkStatus();
   if (entry & kOflagCompressed) {
     // Head and tail of one copy-on-write share a single decompression.
-    return PlanCompressedRead(entry, offset, dest, len, plan, IoCategory::kCow);
+    return reader_->PlanCompressedRead(entry, offset, dest, len, plan,
+                                       IoCategory::kCow);
   }
   const uint64_t host = entry & kEntryOffsetMask;
   return ForEachSubcluster(
@@ -117,7 +75,7 @@ absl::Status Qcow2Layer::PlanReadOld(uint64_t entry, uint64_t bitmap,
           uint64_t n) -> absl::Status {
         switch (type) {
           case SubclusterType::kNormal:
-            plan->Read(file_.get(), host + in_cluster, dest + pos, n,
+            plan->Read(s_->file.get(), host + in_cluster, dest + pos, n,
                        IoCategory::kCow);
             return absl::OkStatus();
           case SubclusterType::kZeroPlain:
@@ -133,19 +91,19 @@ absl::Status Qcow2Layer::PlanReadOld(uint64_t entry, uint64_t bitmap,
             EmitEvent("cow-read");
             return backing_(offset + pos, dest + pos, n, plan);
           default:
-            return map_->Corrupt(absl::StrFormat(
+            return s_->map->Corrupt(absl::StrFormat(
                 "L2 entry 0x%016x for guest offset 0x%x is invalid", entry,
                 offset + pos));
         }
       });
 }
 
-absl::StatusOr<bool> Qcow2Layer::KnownZero(uint64_t entry, uint64_t bitmap,
-                                           uint64_t offset, uint64_t len) {
+absl::StatusOr<bool> WritePlanner::KnownZero(uint64_t entry, uint64_t bitmap,
+                                             uint64_t offset, uint64_t len) {
   if (entry & kOflagCompressed) return len == 0;
   bool zero = true;
   RETURN_IF_ERROR(ForEachSubcluster(
-      map_->geometry(), entry, bitmap, offset, len,
+      s_->geometry(), entry, bitmap, offset, len,
       [&](SubclusterType type, uint64_t pos, uint64_t, uint64_t n) {
         if (!zero) return absl::OkStatus();
         switch (type) {
@@ -168,13 +126,13 @@ absl::StatusOr<bool> Qcow2Layer::KnownZero(uint64_t entry, uint64_t bitmap,
   return zero;
 }
 
-absl::Status Qcow2Layer::PlanSubclusters(const L2Ref& ref, uint64_t entry,
-                                         uint64_t bitmap, uint64_t cluster,
-                                         uint64_t in_cluster,
-                                         absl::Span<const uint8_t> data,
-                                         bool fresh, bool virgin,
-                                         IoPlan* plan) {
-  const Geometry& g = map_->geometry();
+absl::Status WritePlanner::PlanSubclusters(const L2Ref& ref, uint64_t entry,
+                                           uint64_t bitmap, uint64_t cluster,
+                                           uint64_t in_cluster,
+                                           absl::Span<const uint8_t> data,
+                                           bool fresh, bool virgin,
+                                           IoPlan* plan) {
+  const Geometry& g = s_->geometry();
   const uint64_t host = entry & kEntryOffsetMask;
   const uint64_t guest = cluster << g.cluster_bits;
   const uint32_t alloc = static_cast<uint32_t>(bitmap);
@@ -187,7 +145,7 @@ absl::Status Qcow2Layer::PlanSubclusters(const L2Ref& ref, uint64_t entry,
   uint64_t start = in_cluster, end = in_cluster + data.size();
   if (!((alloc >> sc0) & 1)) start = sc0 * g.subcluster_size;
   if (!((alloc >> sc1) & 1)) end = (sc1 + 1) * g.subcluster_size;
-  RETURN_IF_ERROR(CheckDataTarget(host + start, end - start));
+  RETURN_IF_ERROR(guard_->CheckDataTarget(host + start, end - start));
   bool skipped = false;
   if (virgin) {
     // Nothing was ever written to the new host cluster, so it reads as
@@ -200,8 +158,8 @@ absl::Status Qcow2Layer::PlanSubclusters(const L2Ref& ref, uint64_t entry,
       skipped = true;
     }
     const uint64_t data_end = in_cluster + data.size();
-    ASSIGN_OR_RETURN(bool zero_tail,
-                     KnownZero(entry, bitmap, guest + data_end, end - data_end));
+    ASSIGN_OR_RETURN(bool zero_tail, KnownZero(entry, bitmap, guest + data_end,
+                                               end - data_end));
     if (data_end < end && zero_tail) {
       Count(&IoStats::cow_skipped_zero);
       end = data_end;
@@ -210,7 +168,7 @@ absl::Status Qcow2Layer::PlanSubclusters(const L2Ref& ref, uint64_t entry,
   }
   const uint32_t mask = SubclusterMask(sc0, sc1);
   IoOp op;
-  op.file = file_.get();
+  op.file = s_->file.get();
   op.offset = host + start;
   op.guest_bytes = data.size();
   if (start == in_cluster && end == in_cluster + data.size()) {
@@ -236,7 +194,7 @@ absl::Status Qcow2Layer::PlanSubclusters(const L2Ref& ref, uint64_t entry,
   if (fresh || (alloc & mask) != mask || (zero & mask) != 0 ||
       !(entry & kOflagCopied)) {
     plan->commits.push_back([this, ref = L2Ref(ref), host, mask]() mutable {
-      RETURN_IF_ERROR(OrderL2AfterAllocation());
+      RETURN_IF_ERROR(flusher_->OrderL2AfterAllocation());
       // From the bitmap as it stands now: writes into other subclusters
       // of a cluster we own may have committed since this one was planned
       // (they hold only their own bytes).
@@ -245,32 +203,33 @@ absl::Status Qcow2Layer::PlanSubclusters(const L2Ref& ref, uint64_t entry,
       const uint32_t now_zero = static_cast<uint32_t>(now >> 32) & ~mask;
       ref.Set(host | kOflagCopied,
               uint64_t{now_alloc} | (uint64_t{now_zero} << 32));
-      NoteDataWritten(host);
+      host_space_->NoteDataWritten(host);
       return absl::OkStatus();
     });
   }
   return absl::OkStatus();
 }
 
-absl::Status Qcow2Layer::PlanWriteCluster(uint64_t cluster,
-                                          uint64_t in_cluster,
-                                          absl::Span<const uint8_t> data,
-                                          IoPlan* plan, bool fine) {
-  const Geometry& g = map_->geometry();
-  if (!pending_.empty()) {
-    if (fine && pending_.contains(cluster)) {
-      return PlanPendingWrite(cluster, in_cluster, data, plan);
+absl::Status WritePlanner::PlanWriteCluster(uint64_t cluster,
+                                            uint64_t in_cluster,
+                                            absl::Span<const uint8_t> data,
+                                            IoPlan* plan, bool fine) {
+  const Geometry& g = s_->geometry();
+  if (!pending_->empty()) {
+    if (fine && pending_->Contains(cluster)) {
+      return pending_->PlanPendingWrite(cluster, in_cluster, data, plan);
     }
     // Holding the whole cluster: no write is in flight to it. Give it its
     // full contents and its L2 entry first (or drop it if this write
     // covers it whole).
-    RETURN_IF_ERROR(SettlePendingIn((cluster << g.cluster_bits) + in_cluster,
-                                    data.size(), /*drop_whole=*/true));
+    RETURN_IF_ERROR(
+        pending_->SettlePendingIn((cluster << g.cluster_bits) + in_cluster,
+                                  data.size(), /*drop_whole=*/true));
   }
   ASSIGN_OR_RETURN(L2Ref ref, L2ForWrite(cluster));
   if (fine && ref.entry() == 0) {
     // FineWritable allowed this write to defer the cluster's L2 entry.
-    return PlanPendingWrite(cluster, in_cluster, data, plan);
+    return pending_->PlanPendingWrite(cluster, in_cluster, data, plan);
   }
   const uint64_t entry = ref.entry();
   const uint64_t bitmap = ref.bitmap();
@@ -281,15 +240,15 @@ absl::Status Qcow2Layer::PlanWriteCluster(uint64_t cluster,
   if (!compressed && host != 0 && (entry & kOflagCopied)) {
     // The cluster is ours alone: write in place. (It may end past the
     // file's end when its tail was never written: the file keeps it.)
-    NoteDataWritten(host);
+    host_space_->NoteDataWritten(host);
     if (g.extended_l2) {
       return PlanSubclusters(ref, entry, bitmap, cluster, in_cluster, data,
                              false, false, plan);
     }
-    RETURN_IF_ERROR(CheckDataTarget(host, g.cluster_size));
+    RETURN_IF_ERROR(guard_->CheckDataTarget(host, g.cluster_size));
     EmitEvent("data-write");
     IoOp op;
-    op.file = file_.get();
+    op.file = s_->file.get();
     op.guest_bytes = data.size();
     if ((entry & kOflagZero) == 0) {
       op.offset = host + in_cluster;
@@ -306,9 +265,9 @@ absl::Status Qcow2Layer::PlanWriteCluster(uint64_t cluster,
     if (tail < g.cluster_size) op.Add(zeros + tail, g.cluster_size - tail);
     plan->writes.push_back(std::move(op));
     plan->commits.push_back([this, ref, host]() mutable {
-      RETURN_IF_ERROR(OrderL2AfterAllocation());
+      RETURN_IF_ERROR(flusher_->OrderL2AfterAllocation());
       ref.Set(host | kOflagCopied, 0);
-      NoteDataWritten(host);
+      host_space_->NoteDataWritten(host);
       return absl::OkStatus();
     });
     return absl::OkStatus();
@@ -317,16 +276,16 @@ absl::Status Qcow2Layer::PlanWriteCluster(uint64_t cluster,
   // A new host cluster. The old one (shared or compressed) is released
   // after the L2 update: refuse now, before anything is allocated, if that
   // would free metadata.
-  RETURN_IF_ERROR(CheckNotMetadata(entry, guest));
+  RETURN_IF_ERROR(guard_->CheckNotMetadata(entry, guest));
   // A cluster past everything the file ever held reads as zeros on disk.
-  const uint64_t end_before = refcounts_->end_cluster();
-  ASSIGN_OR_RETURN(uint64_t fresh, refcounts_->Allocate(1));
+  const uint64_t end_before = s_->refcounts->end_cluster();
+  ASSIGN_OR_RETURN(uint64_t fresh, s_->refcounts->Allocate(1));
   const bool virgin = (fresh >> g.cluster_bits) >= end_before;
   Count(&IoStats::cluster_allocations);
   plan->aborts.push_back([this, fresh] {
-    refcounts_->Update(fresh, map_->geometry().cluster_size, -1).IgnoreError();
+    s_->refcounts->Update(fresh, s_->geometry().cluster_size, -1).IgnoreError();
   });
-  RETURN_IF_ERROR(CheckDataTarget(fresh, g.cluster_size));
+  RETURN_IF_ERROR(guard_->CheckDataTarget(fresh, g.cluster_size));
 
   if (g.extended_l2 && !compressed && host == 0) {
     // Unallocated or zero subclusters: write only the subclusters touched.
@@ -359,8 +318,7 @@ absl::Status Qcow2Layer::PlanWriteCluster(uint64_t cluster,
     }
   }
   uint8_t* head_buf = copy_head ? plan->Buffer(in_cluster) : nullptr;
-  uint8_t* tail_buf =
-      copy_tail ? plan->Buffer(g.cluster_size - tail) : nullptr;
+  uint8_t* tail_buf = copy_tail ? plan->Buffer(g.cluster_size - tail) : nullptr;
   if (copy_head) Count(&IoStats::cow_head_copies);
   if (copy_tail) Count(&IoStats::cow_tail_copies);
   if (in_cluster == 0 && tail == g.cluster_size) {
@@ -374,13 +332,13 @@ absl::Status Qcow2Layer::PlanWriteCluster(uint64_t cluster,
     RETURN_IF_ERROR(PlanReadOld(entry, bitmap, guest + tail, tail_buf,
                                 g.cluster_size - tail, plan));
   }
-  const bool skipped = (in_cluster > 0 && !copy_head) ||
-                       (tail < g.cluster_size && !copy_tail);
+  const bool skipped =
+      (in_cluster > 0 && !copy_head) || (tail < g.cluster_size && !copy_tail);
   EmitEvent(copy_head || copy_tail ? "cow-write"
             : skipped              ? "zero-skip-write"
                                    : "data-write");
   IoOp op;
-  op.file = file_.get();
+  op.file = s_->file.get();
   op.offset = copy_head ? fresh : fresh + in_cluster;
   op.guest_bytes = data.size();
   if (head_buf != nullptr) op.Add(head_buf, in_cluster);
@@ -389,26 +347,26 @@ absl::Status Qcow2Layer::PlanWriteCluster(uint64_t cluster,
   plan->writes.push_back(std::move(op));
   const bool release = compressed || host != 0;
   const uint64_t new_bitmap = g.extended_l2 ? 0xffffffffull : 0;
-  plan->commits.push_back([this, ref, fresh, new_bitmap, release, entry,
-                           bitmap, guest]() mutable {
-    RETURN_IF_ERROR(OrderL2AfterAllocation());
-    ref.Set(fresh | kOflagCopied, new_bitmap);
-    NoteDataWritten(fresh);
-    if (release) RETURN_IF_ERROR(ReleaseHost(entry, bitmap, guest));
-    return absl::OkStatus();
-  });
+  plan->commits.push_back(
+      [this, ref, fresh, new_bitmap, release, entry, bitmap, guest]() mutable {
+        RETURN_IF_ERROR(flusher_->OrderL2AfterAllocation());
+        ref.Set(fresh | kOflagCopied, new_bitmap);
+        host_space_->NoteDataWritten(fresh);
+        if (release) RETURN_IF_ERROR(ReleaseHost(entry, bitmap, guest));
+        return absl::OkStatus();
+      });
   return absl::OkStatus();
 }
 
-absl::Status Qcow2Layer::ProbeCluster(uint64_t cluster, bool partial,
-                                      bool frees_owned,
-                                      uint64_t* allocations) {
-  const Geometry& g = map_->geometry();
+absl::Status WritePlanner::ProbeCluster(uint64_t cluster, bool partial,
+                                        bool frees_owned,
+                                        uint64_t* allocations) {
+  const Geometry& g = s_->geometry();
   uint64_t entry = 0;
   uint64_t bitmap = 0;
-  ASSIGN_OR_RETURN(uint64_t table, map_->L2TableFor(cluster));
+  ASSIGN_OR_RETURN(uint64_t table, s_->map->L2TableFor(cluster));
   if (table != 0) {
-    ASSIGN_OR_RETURN(L2Ref ref, map_->Lookup(cluster));
+    ASSIGN_OR_RETURN(L2Ref ref, s_->map->Lookup(cluster));
     entry = ref.entry();
     bitmap = ref.bitmap();
   }
@@ -417,11 +375,12 @@ absl::Status Qcow2Layer::ProbeCluster(uint64_t cluster, bool partial,
     const CompressedExtent c = DecodeCompressed(entry, g.cluster_bits);
     const uint64_t last = (c.host_offset + c.length - 1) >> g.cluster_bits;
     for (uint64_t h = c.host_offset >> g.cluster_bits; h <= last; ++h) {
-      RETURN_IF_ERROR(refcounts_->Get(h, /*may_defer=*/true).status());
+      RETURN_IF_ERROR(s_->refcounts->Get(h, /*may_defer=*/true).status());
     }
   } else if (host != 0 && (frees_owned || !(entry & kOflagCopied))) {
     RETURN_IF_ERROR(
-        refcounts_->Get(host >> g.cluster_bits, /*may_defer=*/true).status());
+        s_->refcounts->Get(host >> g.cluster_bits, /*may_defer=*/true)
+            .status());
   }
   if (partial && host == 0 && !(entry & kOflagCompressed) && backing_zero_) {
     RETURN_IF_ERROR(
@@ -432,19 +391,19 @@ absl::Status Qcow2Layer::ProbeCluster(uint64_t cluster, bool partial,
   // again): a new L2 table, or a new host cluster, may be needed.
   const bool owned =
       (entry & (kOflagCompressed | kOflagCopied)) == kOflagCopied;
-  if (table == 0 || !(map_->l1()[cluster / g.l2_entries] & kOflagCopied) ||
+  if (table == 0 || !(s_->map->l1()[cluster / g.l2_entries] & kOflagCopied) ||
       host == 0 || !owned) {
     ++*allocations;
   }
   return absl::OkStatus();
 }
 
-absl::Status Qcow2Layer::ProbeChange(uint64_t offset, uint64_t len,
-                                     bool frees_owned,
-                                     ProbeProgress* progress) {
+absl::Status WritePlanner::ProbeChange(uint64_t offset, uint64_t len,
+                                       bool frees_owned,
+                                       ProbeProgress* progress) {
   MissDeferral* d = MissDeferral::Active();
   if (d == nullptr || len == 0) return absl::OkStatus();
-  const Geometry& g = map_->geometry();
+  const Geometry& g = s_->geometry();
   const uint64_t mask = g.cluster_size - 1;
   const uint64_t first = offset >> g.cluster_bits;
   const uint64_t last = (offset + len - 1) >> g.cluster_bits;
@@ -465,21 +424,21 @@ absl::Status Qcow2Layer::ProbeChange(uint64_t offset, uint64_t len,
   if (progress->allocations == 0) return absl::OkStatus();
   // And where the allocations (clusters, and perhaps an L2 table) would
   // go: the refcount blocks over as many free clusters.
-  absl::Status s = refcounts_->ProbeAllocate(progress->allocations + 1);
+  absl::Status s = s_->refcounts->ProbeAllocate(progress->allocations + 1);
   return !s.ok() && d->deferred() ? s : absl::OkStatus();
 }
 
-absl::Status Qcow2Layer::PlanWrite(uint64_t offset,
-                                   absl::Span<const uint8_t> data,
-                                   IoPlan* plan, bool fine,
-                                   ProbeProgress* probe) {
-  RETURN_IF_ERROR(PrepareWrite());
+absl::Status WritePlanner::PlanWrite(uint64_t offset,
+                                     absl::Span<const uint8_t> data,
+                                     IoPlan* plan, bool fine,
+                                     ProbeProgress* probe) {
+  RETURN_IF_ERROR(header_writer_->PrepareWrite());
   // What planning will look up, looked at first: a table missing there is
   // read by the executor with no lock held (MissDeferral). Once the plan
   // holds an allocation, a miss is read at once, under the lock.
   RETURN_IF_ERROR(
       ProbeChange(offset, data.size(), /*frees_owned=*/false, probe));
-  const Geometry& g = map_->geometry();
+  const Geometry& g = s_->geometry();
   uint64_t pos = 0;
   while (pos < data.size()) {
     const uint64_t cur = offset + pos;
@@ -488,13 +447,13 @@ absl::Status Qcow2Layer::PlanWrite(uint64_t offset,
         std::min<uint64_t>(data.size() - pos, g.cluster_size - in_cluster);
     absl::Status s = PlanWriteCluster(cur >> g.cluster_bits, in_cluster,
                                       data.subspan(pos, n), plan, fine);
-    if (!s.ok()) return Fail(std::move(s));
+    if (!s.ok()) return header_writer_->Fail(std::move(s));
     pos += n;
   }
   // Once the whole write is planned (a write that fails to plan changes
   // nothing in the file), new clusters are made to lie inside the file.
-  RETURN_IF_ERROR(
-      GrowAhead(refcounts_->end_cluster() << g.cluster_bits, plan));
+  RETURN_IF_ERROR(host_space_->GrowAhead(
+      s_->refcounts->end_cluster() << g.cluster_bits, plan));
   plan->CoalesceWrites();
   return absl::OkStatus();
 }

@@ -1,0 +1,87 @@
+// The public Queue: a thin facade over internal::QueueImpl.
+#include <memory>
+#include <utility>
+
+#include "lib/engine/queue_impl.h"
+#include "qcow2/image.h"
+#include "qcow2/queue.h"
+
+namespace qcow2 {
+
+using internal::Request;
+
+Queue::Queue(std::unique_ptr<internal::QueueImpl> impl)
+    : impl_(std::move(impl)) {}
+Queue::~Queue() = default;
+
+absl::Status Queue::SubmitRead(uint64_t offset, absl::Span<uint8_t> buf,
+                               Completion done) {
+  auto r = std::make_unique<Request>();
+  r->kind = Request::Kind::kRead;
+  r->offset = offset;
+  r->len = buf.size();
+  r->rbuf = buf.data();
+  r->done = std::move(done);
+  return impl_->Submit(std::move(r));
+}
+
+absl::Status Queue::SubmitWrite(uint64_t offset, absl::Span<const uint8_t> data,
+                                Completion done) {
+  auto r = std::make_unique<Request>();
+  r->kind = Request::Kind::kWrite;
+  r->offset = offset;
+  r->len = data.size();
+  r->wbuf = data.data();
+  r->done = std::move(done);
+  return impl_->Submit(std::move(r));
+}
+
+absl::Status Queue::SubmitWriteZeroes(uint64_t offset, uint64_t len,
+                                      bool unmap, Completion done) {
+  auto r = std::make_unique<Request>();
+  r->kind = Request::Kind::kWriteZeroes;
+  r->offset = offset;
+  r->len = len;
+  r->unmap = unmap;
+  r->done = std::move(done);
+  return impl_->Submit(std::move(r));
+}
+
+absl::Status Queue::SubmitDiscard(uint64_t offset, uint64_t len,
+                                  Completion done) {
+  auto r = std::make_unique<Request>();
+  r->kind = Request::Kind::kDiscard;
+  r->offset = offset;
+  r->len = len;
+  r->done = std::move(done);
+  return impl_->Submit(std::move(r));
+}
+
+absl::Status Queue::SubmitFlush(Completion done) {
+  auto r = std::make_unique<Request>();
+  r->kind = Request::Kind::kFlush;
+  r->done = std::move(done);
+  return impl_->Submit(std::move(r));
+}
+
+int Queue::Poll(int min_complete) { return impl_->Poll(min_complete); }
+void Queue::Drain() {
+  while (impl_->in_flight() > 0) impl_->Poll(impl_->in_flight());
+}
+int Queue::in_flight() const { return impl_->in_flight(); }
+int Queue::depth() const { return impl_->depth(); }
+bool Queue::uses_io_uring() const { return impl_->uses_io_uring(); }
+IoStats Queue::stats() const { return impl_->Snapshot(); }
+
+absl::StatusOr<std::unique_ptr<Queue>> Image::CreateQueue(
+    const QueueOptions& opts) {
+  if (absl::Status s = engine_->Validate(internal::Request{}); !s.ok()) {
+    return s;
+  }
+  return std::unique_ptr<Queue>(
+      new Queue(std::make_unique<internal::QueueImpl>(engine_.get(), opts)));
+}
+
+IoStats Image::GetStats() const { return engine_->stats().Total(); }
+
+}  // namespace qcow2

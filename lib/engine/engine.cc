@@ -1,0 +1,245 @@
+// The request engine's steps around planning: taking a guest range in
+// arrival order (Begin), reading deferred misses (LoadMiss), growing the
+// file (Grow), further rounds (NextRound), and commit or abort (Finish).
+#include "lib/engine/engine.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "lib/base/status_macros.h"
+#include "lib/meta/eviction_scope.h"
+#include "lib/meta/metadata_cache.h"
+#include "lib/qcow2/qcow2_layer.h"
+
+namespace qcow2::internal {
+
+namespace {
+
+// The range-lock geometry for a chain's top: its clusters, counted in
+// units of Qcow2Layer::kFineLockBits (a raw top has no clusters: 64 KiB).
+void SetLockGeometry(Chain* chain, RangeLockTable* locks) {
+  const Qcow2Layer* top = chain->top_qcow2();
+  const uint32_t cbits = top != nullptr ? top->geometry().cluster_bits : 16;
+  locks->SetGeometry(cbits, std::min(cbits, Qcow2Layer::kFineLockBits));
+}
+
+}  // namespace
+
+Engine::Engine(std::unique_ptr<Chain> chain)
+    : chain_(std::move(chain)), writable_(chain_->writable()) {
+  MutexLock lock(&mu_);
+  SetLockGeometry(chain_.get(), &locks_);
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(
+    std::unique_ptr<File> top, const OpenOptions& opts) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Chain> chain,
+                   Chain::Open(std::move(top), opts));
+  return std::unique_ptr<Engine>(new Engine(std::move(chain)));
+}
+
+absl::Status Engine::Validate(const Request& r) const {
+  EngineLock lock(&mu_);
+  if (chain_->closed()) return chain_->ClosedError();
+  if (r.is_flush()) return absl::OkStatus();
+  if (!r.is_read()) RETURN_IF_ERROR(chain_->CheckWritable());
+  return chain_->CheckRange(r.offset, r.len);
+}
+
+bool Engine::Begin(Request* r) {
+  EngineLock lock(&mu_);
+  StatsScope scope(&r->stats);
+  if (chain_->closed()) {
+    r->status = chain_->ClosedError();
+    return true;
+  }
+  if (!r->is_flush()) {
+    absl::Status s = r->is_read() ? absl::OkStatus() : chain_->CheckWritable();
+    if (s.ok()) s = chain_->CheckRange(r->offset, r->len);
+    if (!s.ok()) {
+      r->status = std::move(s);
+      return true;
+    }
+  }
+  // Read-only chains never change: reads need no ordering.
+  if (r->is_flush() || r->len == 0 || !writable_) {
+    PlanLocked(r);
+    return true;
+  }
+  // Reads hold their own bytes: a read never changes metadata, and a
+  // request that does holds whole clusters. Writes do when the top allows
+  // it (ours in place, or deferred copy-on-write); the rest hold whole
+  // clusters. A raw top has no metadata at all.
+  Qcow2Layer* top = chain_->top_qcow2();
+  bool fine = r->is_read() || top == nullptr;
+  if (r->kind == Request::Kind::kWrite && top != nullptr) {
+    fine = top->FineWritable(r->offset, r->len, /*stream=*/true);
+    top->NoteWriteBegun(r->offset, r->len);
+  }
+  locks_.SetRange(r, fine);
+  r->lock.shared = r->is_read();
+  locks_.Add(r);
+  if (!locks_.CanGrant(r)) return false;
+  r->lock.granted = true;
+  r->lock.fine_just_checked = fine;
+  PlanLocked(r);
+  r->lock.fine_just_checked = false;
+  return true;
+}
+
+void Engine::Plan(Request* r) {
+  EngineLock lock(&mu_);
+  StatsScope scope(&r->stats);
+  PlanLocked(r);
+}
+
+void Engine::LoadMiss(Request* r) {
+  EngineLock lock(&mu_);
+  StatsScope scope(&r->stats);
+  MetadataCache* cache = std::exchange(r->miss.cache, nullptr);
+  // Whatever came of the read, those waiting for it plan again (and one of
+  // them reads it if it is still missing).
+  misses_.Release(cache, r->miss.op.offset);
+  if (!r->status.ok()) {
+    r->status = MissTable::ReadError(cache, r->miss.offset, r->status);
+    return;
+  }
+  const iovec& v = r->miss.op.iov[0];
+  absl::StatusOr<MetadataCache::Handle> entry;
+  {
+    EvictionScope evictions(chain_->TopWriteBack(), &r->write_back.ticket,
+                            &r->write_back.file);
+    entry = cache->InsertLoaded(
+        r->miss.op.offset, r->miss.offset, r->miss.epoch,
+        absl::MakeConstSpan(static_cast<const uint8_t*>(v.iov_base),
+                            v.iov_len));
+  }
+  if (!entry.ok()) {
+    r->status = entry.status();
+    return;
+  }
+  if (*entry == nullptr) {
+    ++r->miss.stale;
+  } else {
+    r->pinned.push_back(std::move(*entry));
+  }
+  r->plan.Clear();
+  if (chain_->closed()) {
+    r->status = chain_->ClosedError();
+    return;
+  }
+  PlanLocked(r);
+}
+
+void Engine::NextRound(Request* r) {
+  EngineLock lock(&mu_);
+  StatsScope scope(&r->stats);
+  r->zero_more = false;
+  if (!r->status.ok()) return;  // Finish abandons the round
+  {
+    WriteBackFile* const meta = chain_->TopWriteBack();
+    EvictionScope evictions(meta, &r->write_back.ticket, &r->write_back.file);
+    WriteBackFile::RecordScope record(r->plan.commits.empty() ? nullptr
+                                                              : meta);
+    r->status = RunCommits(r);
+  }
+  r->plan.Clear();
+  r->miss.stale = 0;
+  if (r->status.ok() && chain_->closed()) r->status = chain_->ClosedError();
+  if (!r->status.ok()) return;
+  PlanLocked(r);
+}
+
+void Engine::Grow(Request* r) {
+  IoPlan& p = r->plan;
+  File* file = std::exchange(p.grow_file, nullptr);
+  if (file == nullptr) return;
+  absl::Status s = file->Reserve(p.grow_from, p.grow_to - p.grow_from);
+  if (s.ok()) return;
+  EngineLock lock(&mu_);
+  StatsScope scope(&r->stats);
+  if (Qcow2Layer* top = chain_->top_qcow2()) s = top->GrowWithoutReserve(s);
+  if (!s.ok() && r->status.ok()) r->status = std::move(s);
+}
+
+absl::Status Engine::RunCommits(Request* r) {
+  for (auto& commit : r->plan.commits) {
+    absl::Status s = commit();
+    if (!s.ok()) {
+      // Clusters of the remaining changes leak at worst.
+      Qcow2Layer* top = chain_->top_qcow2();
+      return top != nullptr ? top->Fail(std::move(s)) : s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Engine::Finish(Request* r) {
+  WriteBackFile* meta = nullptr;
+  uint64_t ticket = 0;
+  Qcow2Layer* top = nullptr;
+  {
+    EngineLock lock(&mu_);
+    FinishLocked(r);
+    top = chain_->top_qcow2();
+    // Metadata written out by the commits (a cache a new dependency
+    // needed on disk first, an eviction) was recorded: written here, with
+    // no lock held.
+    if (r->write_back.after_commit != 0) {
+      meta = chain_->TopWriteBack();
+      ticket = r->write_back.after_commit;
+    }
+  }
+  if (meta != nullptr) {
+    StatsScope scope(&r->stats);
+    absl::Status s = meta->WriteBack(ticket);
+    // The log stays queued and the next flush writes it again.
+    if (!s.ok() && r->status.ok()) r->status = std::move(s);
+  }
+  if (!r->flush.released.empty() && top != nullptr) {
+    // Clusters a flush released: their bytes handed back to the file
+    // system with no lock held; reusable only after that.
+    {
+      StatsScope scope(&r->stats);
+      top->DiscardReleased(r->flush.released);
+    }
+    EngineLock lock(&mu_);
+    top->EndDiscard(r->flush.released);
+    r->flush.released.clear();
+  }
+  if (r->owner == nullptr) stats_.Retire(r->stats);
+}
+
+void Engine::FinishLocked(Request* r) {
+  StatsScope scope(&r->stats);
+  if (r->status.ok()) {
+    WriteBackFile* const meta = chain_->TopWriteBack();
+    EvictionScope evictions(meta, &r->write_back.after_commit);
+    // The commits' metadata writes in one log, written after the lock is
+    // released (bounded by the request's clusters).
+    WriteBackFile::RecordScope record(r->plan.commits.empty() ? nullptr
+                                                              : meta);
+    r->status = RunCommits(r);
+  } else {
+    for (auto& abort : r->plan.aborts) abort();
+  }
+  if (r->is_flush() && r->status.ok() && r->flush.file != nullptr) {
+    if (Qcow2Layer* top = chain_->top_qcow2()) {
+      top->FinishFlush(r->flush.generation, &r->flush.released);
+    }
+  }
+  r->pinned.clear();
+  locks_.Remove(r);
+}
+
+absl::Status Engine::CreateOverlay(const std::string& path,
+                                   const CreateOptions& opts) {
+  EngineLock lock(&mu_);
+  RETURN_IF_ERROR(chain_->CreateOverlay(path, opts));
+  // The new top's clusters may differ: no request holds a range now (a
+  // caller of this must have none in flight).
+  SetLockGeometry(chain_.get(), &locks_);
+  return absl::OkStatus();
+}
+
+}  // namespace qcow2::internal

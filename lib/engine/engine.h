@@ -1,0 +1,176 @@
+// The request engine of one open image: its chain, the metadata lock that
+// guards it, and the steps every guest request goes through. Implements the
+// public Image.
+//
+// Every request goes: Begin (takes its guest range in arrival order; plans
+// when it has it) -> the plan's I/O, by any executor, with no lock ->
+// Finish (commits or aborts, lets waiting requests go). On the way,
+// planning may leave a deferred miss to read (LoadMiss), a fill of pending
+// clusters to run (FinishFill), a file growth to reserve (Grow), a flush's
+// metadata write-back to record (RecordFlush) or another round to plan
+// (NextRound). lib/engine/runner.cc drives those steps, the same way for
+// synchronous calls and for queues.
+#ifndef QCOW2_LIB_ENGINE_ENGINE_H_
+#define QCOW2_LIB_ENGINE_ENGINE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
+#include "absl/status/statusor.h"
+#include "lib/base/io_context.h"
+#include "lib/base/mutex.h"
+#include "lib/chain/chain.h"
+#include "lib/engine/flush_group.h"
+#include "lib/engine/miss_table.h"
+#include "lib/engine/range_locks.h"
+#include "lib/engine/request.h"
+#include "lib/engine/stats_registry.h"
+
+namespace qcow2::internal {
+
+class Qcow2Layer;
+
+// Holds an engine's metadata lock, and marks the thread as holding it for
+// the host-call accounting (UnderLockScope).
+class ABSL_SCOPED_LOCKABLE EngineLock {
+ public:
+  explicit EngineLock(Mutex* mu) ABSL_EXCLUSIVE_LOCK_FUNCTION(mu)
+      : lock_(mu) {}
+  ~EngineLock() ABSL_UNLOCK_FUNCTION() {}
+  EngineLock(const EngineLock&) = delete;
+  EngineLock& operator=(const EngineLock&) = delete;
+
+ private:
+  MutexLock lock_;
+  UnderLockScope under_lock_;
+};
+
+class Engine {
+ public:
+  static absl::StatusOr<std::unique_ptr<Engine>> Open(
+      std::unique_ptr<File> top, const OpenOptions& opts);
+
+  // --- Request steps. Thread-safe; each takes the lock for its part.
+
+  // Checks the request (closed, writable, range) without queuing it.
+  absl::Status Validate(const Request& r) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Returns true if the request was planned (or failed: see r->status) and
+  // its I/O may start; false if it waits for overlapping requests, in
+  // which case r->waiter->Wake(r) is called later and the owner calls
+  // Plan(r).
+  bool Begin(Request* r) ABSL_LOCKS_EXCLUDED(mu_);
+  void Plan(Request* r) ABSL_LOCKS_EXCLUDED(mu_);
+  // After planning left r->miss.cache set: the executor has run
+  // r->miss.op (a read, with no lock held; its error, if any, in
+  // r->status). Takes the entry into the cache and plans r again, which
+  // may leave another miss to fetch.
+  void LoadMiss(Request* r) ABSL_LOCKS_EXCLUDED(mu_);
+  // After a round of a long write-zeroes or discard (r->zero_more): the
+  // executor has run r->plan (its error, if any, in r->status). Commits
+  // it and plans the next round, which may leave a miss to fetch or park
+  // r like any planning; the metadata the commits wrote out goes into the
+  // next round's log. On error, r->zero_more is cleared.
+  void NextRound(Request* r) ABSL_LOCKS_EXCLUDED(mu_);
+  // Called by the executor with no lock held, before r's I/O: reserves
+  // the file's growth the plan asked for (IoPlan::grow_file), blocking.
+  // When the file cannot reserve, takes the lock and grows it there
+  // (Qcow2Layer::GrowWithoutReserve); an error of that lands in r->status.
+  void Grow(Request* r) ABSL_LOCKS_EXCLUDED(mu_);
+  // After a flush (or a request, PlanFillRound) planned the fill of
+  // pending clusters (r->fill.active): the executor has run r->plan (its
+  // error, if any, in r->status). Commits or abandons the fill, lets the
+  // clusters go, and plans the flush's metadata write-back, or the
+  // request itself (which may then defer a miss or park, as any planning).
+  void FinishFill(Request* r) ABSL_LOCKS_EXCLUDED(mu_);
+  // A flush's metadata write-back, by its executor with no lock held:
+  // see FlushGroup::Record.
+  void RecordFlush(Request* r) ABSL_LOCKS_EXCLUDED(mu_);
+  // Commits (or aborts) under the lock, then writes with no lock held any
+  // metadata the commits had to write out.
+  void Finish(Request* r) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // --- Whole-image operations (take the lock).
+  absl::StatusOr<BlockStatus> GetBlockStatus(uint64_t offset,
+                                             uint64_t max_len)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Resize(uint64_t new_size) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Close() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status CreateOverlay(const std::string& path,
+                             const CreateOptions& opts)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<LayerInfo> GetChainInfo() const ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t size() const ABSL_LOCKS_EXCLUDED(mu_);
+  int length() const ABSL_LOCKS_EXCLUDED(mu_);
+  bool writable() const { return writable_; }
+
+  // Queues register here so that GetStats() can add up their counters.
+  StatsRegistry& stats() { return stats_; }
+
+  // The top layer, for tests that drive the engine step by step; it must
+  // not be used while another thread runs a request.
+  Qcow2Layer* TopForTesting() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return chain_->top_qcow2();
+  }
+
+ private:
+  explicit Engine(std::unique_ptr<Chain> chain);
+
+  void PlanLocked(Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs `plan` for r with metadata misses deferred (MissDeferral) and,
+  // on a miss, drops the partial plan and sets r->miss (or parks r).
+  void PlanDeferringMisses(Request* r, absl::FunctionRef<absl::Status()> plan)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs r's commits in order; the first error (through the top's Fail)
+  // stops them.
+  absl::Status RunCommits(Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishLocked(Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // --- The fill stage (engine_fill.cc).
+  // A flush's first step: plans the fill of the top's pending clusters
+  // into r->plan, each held in the range-lock table (r->fill.holds) until
+  // FinishFill, so that no later request touches it meanwhile. Clusters
+  // that an earlier request holds whole are filled with no hold: that
+  // request waits for the fill before it plans (PlanFillRound). Sets
+  // r->fill.active if there is I/O to run.
+  void PlanFill(Request* r, Qcow2Layer* top)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Before a request that holds its range whole plans (a write without a
+  // byte-range lock, write-zeroes, discard): plans the fill of pending
+  // clusters it covers in part (Qcow2Layer::PlanFillsFor) as a stage of
+  // its own, which its executor runs at once, blocking, with no lock held
+  // (as a flush's fill) before FinishFill plans the request. Returns true
+  // when r's planning stops here: a fill to run, a deferred miss, a
+  // parked request (while another fill runs, r waits for it), or an
+  // error.
+  bool PlanFillRound(Request* r, Qcow2Layer* top)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the fill stage: aborts or commits, releases the fill's holds.
+  void EndFill(Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Entries read for a request and dropped as possibly stale before it
+  // stops deferring and reads under the lock.
+  static constexpr int kMaxStaleMisses = 3;
+
+  mutable Mutex mu_;
+  const std::unique_ptr<Chain> chain_ ABSL_PT_GUARDED_BY(mu_);
+  const bool writable_;
+  // Requests holding or waiting for guest ranges, in arrival order.
+  RangeLockTable locks_ ABSL_GUARDED_BY(mu_);
+  // Deferred misses being read.
+  MissTable misses_ ABSL_GUARDED_BY(mu_);
+  // The request whose fill is in flight (a flush's, or one planned by
+  // PlanFillRound), and the requests waiting for it.
+  Request* filling_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::vector<Request*> fill_waiters_ ABSL_GUARDED_BY(mu_);
+  // Group commit of flushes' metadata write-backs.
+  FlushGroup flushes_ ABSL_GUARDED_BY(mu_);
+  StatsRegistry stats_;
+};
+
+}  // namespace qcow2::internal
+
+#endif  // QCOW2_LIB_ENGINE_ENGINE_H_

@@ -1,0 +1,111 @@
+// Whole-image operations of the request engine: block status, resize,
+// close and chain facts, each under the metadata lock.
+#include <optional>
+#include <utility>
+
+#include "lib/engine/engine.h"
+#include "lib/meta/eviction_scope.h"
+#include "lib/meta/metadata_cache.h"
+
+namespace qcow2::internal {
+
+absl::StatusOr<BlockStatus> Engine::GetBlockStatus(uint64_t offset,
+                                                   uint64_t max_len) {
+  // A table not cached is read with no lock held, as a read request's is:
+  // the walk stops at the miss, the entry is read, and the walk starts
+  // over. The entries read stay pinned until the walk is done.
+  std::vector<MetadataCache::Handle> pinned;
+  IoStats stats;
+  int stale = 0;
+  while (true) {
+    MetadataCache* cache = nullptr;
+    IoPlan buffers;
+    IoOp op;
+    uint64_t want = 0, epoch = 0;
+    {
+      EngineLock lock(&mu_);
+      StatsScope scope(&stats);
+      std::optional<MissDeferral> deferral;
+      // Entries that keep going stale while they are read: read at once.
+      if (stale < kMaxStaleMisses) {
+        deferral.emplace(&buffers, /*even_with_work=*/true);
+      }
+      absl::StatusOr<BlockStatus> bs = chain_->BlockStatusAt(offset, max_len);
+      if (!deferral.has_value() || !deferral->deferred()) {
+        pinned.clear();
+        stats_.Retire(stats);
+        return bs;
+      }
+      cache = deferral->cache;
+      want = deferral->offset;
+      epoch = deferral->epoch;
+      op = MissTable::MissRead(*deferral, &buffers);
+    }
+    absl::Status read = RunOp(op, /*write=*/false);
+    uint64_t ticket = 0;
+    WriteBackFile* evicted = nullptr;
+    {
+      EngineLock lock(&mu_);
+      StatsScope scope(&stats);
+      absl::StatusOr<MetadataCache::Handle> entry = chain_->ClosedError();
+      if (!read.ok()) {
+        entry = MissTable::ReadError(cache, want, read);
+      } else if (!chain_->closed()) {
+        // Evictions it causes are recorded, and written below.
+        EvictionScope evictions(chain_->TopWriteBack(), &ticket, &evicted);
+        const iovec& v = op.iov[0];
+        entry = cache->InsertLoaded(
+            op.offset, want, epoch,
+            absl::MakeConstSpan(static_cast<const uint8_t*>(v.iov_base),
+                                v.iov_len));
+      }
+      if (!entry.ok()) {
+        pinned.clear();
+        stats_.Retire(stats);
+        return entry.status();
+      }
+      if (*entry == nullptr) {
+        ++stale;
+      } else {
+        pinned.push_back(std::move(*entry));
+      }
+    }
+    // Metadata the insertion evicted, recorded into the log: written now,
+    // with no lock held, as a request's executor writes its own.
+    absl::Status written =
+        evicted != nullptr ? evicted->WriteBack(ticket) : absl::OkStatus();
+    if (!written.ok()) {
+      EngineLock lock(&mu_);
+      pinned.clear();
+      stats_.Retire(stats);
+      return written;
+    }
+  }
+}
+
+absl::Status Engine::Resize(uint64_t new_size) {
+  EngineLock lock(&mu_);
+  return chain_->Resize(new_size);
+}
+
+absl::Status Engine::Close() {
+  EngineLock lock(&mu_);
+  return chain_->Close();
+}
+
+std::vector<LayerInfo> Engine::GetChainInfo() const {
+  EngineLock lock(&mu_);
+  return chain_->GetChainInfo();
+}
+
+uint64_t Engine::size() const {
+  EngineLock lock(&mu_);
+  return chain_->size();
+}
+
+int Engine::length() const {
+  EngineLock lock(&mu_);
+  return chain_->length();
+}
+
+}  // namespace qcow2::internal

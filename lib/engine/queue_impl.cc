@@ -1,0 +1,393 @@
+#include "lib/engine/queue_impl.h"
+
+#include <linux/falloc.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "lib/io/accounted_file.h"
+#include "lib/io/posix_file.h"
+
+namespace qcow2::internal {
+
+namespace {
+
+constexpr uint8_t kOpRead = 0, kOpWrite = 1, kOpFlush = 2;
+
+uint8_t OpCode(Executor::OpType type) {
+  switch (type) {
+    case Executor::OpType::kRead: return kOpRead;
+    case Executor::OpType::kWrite: return kOpWrite;
+    case Executor::OpType::kFlush: return kOpFlush;
+  }
+  return kOpRead;
+}
+
+void WarnNoUring(int err) {
+  static std::once_flag once;
+  std::call_once(once, [err] {
+    std::fprintf(stderr,
+                 "libqcow2: io_uring is not available (%s); queues run "
+                 "requests synchronously\n",
+                 std::strerror(err));
+  });
+}
+
+bool AlignedFor(const IoOp& op, uint32_t align) {
+  if (align <= 1) return true;
+  if (op.offset % align != 0) return false;
+  for (const iovec& v : op.iov) {
+    if (reinterpret_cast<uintptr_t>(v.iov_base) % align != 0 ||
+        v.iov_len % align != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void Fail(Request* r, absl::Status s) {
+  if (r->status.ok()) r->status = std::move(s);
+}
+
+// Past the end of the file: the rest of a read is zeros.
+void ZeroRest(IoOp* op) {
+  uint64_t skip = op->done;
+  for (const iovec& v : op->iov) {
+    if (skip >= v.iov_len) {
+      skip -= v.iov_len;
+      continue;
+    }
+    std::memset(static_cast<uint8_t*>(v.iov_base) + skip, 0,
+                v.iov_len - skip);
+    skip = 0;
+  }
+  op->done = op->bytes;
+}
+
+}  // namespace
+
+QueueImpl::QueueImpl(Engine* engine, const QueueOptions& opts)
+    : engine_(engine), depth_(opts.depth > 0 ? opts.depth : 1) {
+  event_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (opts.use_io_uring && event_fd_ >= 0) {
+    unsigned entries = 64;
+    while (entries < static_cast<unsigned>(depth_) * 2 && entries < 4096) {
+      entries *= 2;
+    }
+    int rc = io_uring_queue_init(entries, &ring_, 0);
+    if (rc == 0) {
+      ring_ok_ = true;
+      ArmEventFd();
+    } else {
+      WarnNoUring(-rc);
+    }
+  }
+  engine_->stats().Register(this);
+}
+
+QueueImpl::~QueueImpl() {
+  while (in_flight_ > 0) Poll(in_flight_);
+  if (ring_ok_) {
+    // Complete the armed eventfd read before the ring goes away.
+    closing_ = true;
+    uint64_t one = 1;
+    if (::write(event_fd_, &one, sizeof(one)) < 0) {
+      // The read stays armed; exiting the ring cancels it.
+    }
+    io_uring_submit(&ring_);
+    while (event_armed_) ReapOne(true);
+    io_uring_queue_exit(&ring_);
+  }
+  if (event_fd_ >= 0) ::close(event_fd_);
+  engine_->stats().Unregister(this);
+}
+
+absl::Status QueueImpl::Submit(std::unique_ptr<Request> r) {
+  if (in_flight_ >= depth_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("queue is full (", in_flight_,
+                     " requests in flight, depth ", depth_, ")"));
+  }
+  if (absl::Status s = engine_->Validate(*r); !s.ok()) return s;
+  Request* req = r.release();
+  req->owner = this;
+  req->waiter = this;
+  ++in_flight_;
+  if (engine_->Begin(req)) Start(req);
+  return absl::OkStatus();
+}
+
+int QueueImpl::Poll(int min_complete) {
+  int ran = 0;
+  while (true) {
+    DrainWoken();
+    if (ring_ok_) {
+      SubmitBacklog();
+      io_uring_submit(&ring_);
+      while (ReapOne(false)) {
+      }
+    }
+    ran += RunCallbacks();
+    if (ran >= min_complete || in_flight_ == 0) return ran;
+    if (!done_.empty()) continue;
+    // Nothing finished yet: wait for the ring or for a wake-up.
+    {
+      // A wake-up whose eventfd signal was already consumed above.
+      MutexLock lock(&wake_mu_);
+      if (!woken_.empty()) continue;
+    }
+    if (ring_ok_) {
+      if (!event_armed_) {
+        ArmEventFd();
+        io_uring_submit(&ring_);
+      }
+      ReapOne(true);
+    } else {
+      pollfd pfd{event_fd_, POLLIN, 0};
+      ::poll(&pfd, 1, -1);
+      uint64_t v;
+      if (::read(event_fd_, &v, sizeof(v)) < 0) {
+        // EAGAIN: a spurious wake-up; look again.
+      }
+    }
+  }
+}
+
+void QueueImpl::Wake(Request* r) {
+  {
+    MutexLock lock(&wake_mu_);
+    woken_.push_back(r);
+  }
+  uint64_t one = 1;
+  if (::write(event_fd_, &one, sizeof(one)) < 0) {
+    // The counter cannot overflow in practice; nothing to do.
+  }
+}
+
+IoStats QueueImpl::Snapshot() const {
+  IoStats out;
+  auto* f = reinterpret_cast<uint64_t*>(&out);
+  for (size_t i = 0; i < kStatFields; ++i) {
+    f[i] = stats_[i].load(std::memory_order_relaxed);
+  }
+  return out;
+}
+
+void QueueImpl::DrainWoken() {
+  std::vector<Request*> woken;
+  {
+    MutexLock lock(&wake_mu_);
+    woken.swap(woken_);
+  }
+  for (Request* r : woken) {
+    engine_->Plan(r);
+    Start(r);
+  }
+}
+
+void QueueImpl::Start(Request* r) {
+  r->stage = Stage::kPlanned;
+  Advance(engine_, this, r);
+}
+
+void QueueImpl::Issue(Request* r, IoOp* op, OpType type) {
+  op->request = r;
+  op->type = OpCode(type);
+  op->fd = -1;
+  if (ring_ok_) {
+    if (auto* pf = dynamic_cast<PosixFile*>(Unwrapped(op->file))) {
+      if (type == OpType::kFlush || AlignedFor(*op, pf->alignment())) {
+        op->fd = pf->fd();
+      }
+    }
+  }
+  if (op->fd < 0) {
+    absl::Status s = type == OpType::kFlush
+                         ? op->file->Flush()
+                         : RunOp(*op, type == OpType::kWrite);
+    if (s.ok() && type != OpType::kFlush) {
+      CountIo(*op, type == OpType::kWrite, &r->stats);
+    }
+    if (!s.ok()) Fail(r, std::move(s));
+    return;
+  }
+  ++r->pending;
+  Prep(op);
+}
+
+void QueueImpl::Prep(IoOp* op) {
+  io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+  if (sqe == nullptr) {
+    io_uring_submit(&ring_);
+    sqe = io_uring_get_sqe(&ring_);
+  }
+  if (sqe == nullptr) {
+    backlog_.push_back(op);
+    return;
+  }
+  if (op->type == kOpFlush) {
+    io_uring_prep_fsync(sqe, op->fd, IORING_FSYNC_DATASYNC);
+  } else if (op->zero_range) {
+    io_uring_prep_fallocate(sqe, op->fd, FALLOC_FL_ZERO_RANGE, op->offset,
+                            op->bytes);
+  } else {
+    const iovec* iov = op->iov.data();
+    size_t n = op->iov.size();
+    if (op->done > 0) {
+      // Resume a short transfer: the iovecs past what is done.
+      op->rest.clear();
+      uint64_t skip = op->done;
+      for (const iovec& v : op->iov) {
+        if (skip >= v.iov_len) {
+          skip -= v.iov_len;
+          continue;
+        }
+        op->rest.push_back(
+            {static_cast<uint8_t*>(v.iov_base) + skip, v.iov_len - skip});
+        skip = 0;
+      }
+      iov = op->rest.data();
+      n = op->rest.size();
+    }
+    if (op->type == kOpRead) {
+      io_uring_prep_readv(sqe, op->fd, iov, n, op->offset + op->done);
+    } else {
+      io_uring_prep_writev(sqe, op->fd, iov, n, op->offset + op->done);
+    }
+  }
+  io_uring_sqe_set_data(sqe, op);
+}
+
+void QueueImpl::SubmitBacklog() {
+  while (!backlog_.empty()) {
+    if (io_uring_sq_space_left(&ring_) == 0) {
+      io_uring_submit(&ring_);
+      if (io_uring_sq_space_left(&ring_) == 0) return;
+    }
+    IoOp* op = backlog_.front();
+    backlog_.pop_front();
+    Prep(op);
+  }
+}
+
+void QueueImpl::ArmEventFd() {
+  io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+  if (sqe == nullptr) {
+    io_uring_submit(&ring_);
+    sqe = io_uring_get_sqe(&ring_);
+  }
+  if (sqe == nullptr) return;  // tried again on the next completion
+  io_uring_prep_poll_add(sqe, event_fd_, POLLIN);
+  io_uring_sqe_set_data(sqe, &event_buf_);
+  event_armed_ = true;
+}
+
+bool QueueImpl::ReapOne(bool wait) {
+  io_uring_cqe* cqe = nullptr;
+  int rc = wait ? io_uring_submit_and_wait(&ring_, 1) : 0;
+  if (rc >= 0) rc = io_uring_peek_cqe(&ring_, &cqe);
+  if (rc < 0 || cqe == nullptr) return false;
+  void* data = io_uring_cqe_get_data(cqe);
+  const int res = cqe->res;
+  io_uring_cqe_seen(&ring_, cqe);
+  if (data == &event_buf_) {
+    event_armed_ = false;
+    if (::read(event_fd_, &event_buf_, sizeof(event_buf_)) < 0) {
+      // EAGAIN: already consumed.
+    }
+    if (!closing_) ArmEventFd();
+    return true;
+  }
+  OnComplete(static_cast<IoOp*>(data), res);
+  return true;
+}
+
+void QueueImpl::OnComplete(IoOp* op, int res) {
+  auto* r = static_cast<Request*>(op->request);
+  if (res == -EINTR || res == -EAGAIN) {
+    Prep(op);
+    return;
+  }
+  if (op->zero_range && res < 0) {
+    // No zero-range here (EOPNOTSUPP, EINVAL): the File's own fallbacks.
+    absl::Status s = RunOp(*op, true);
+    if (s.ok()) {
+      CountIo(*op, true, &r->stats);
+    } else {
+      Fail(r, std::move(s));
+    }
+    OpDone(r);
+    return;
+  }
+  if (op->zero_range) {
+    op->done = op->bytes;
+    CountIo(*op, true, &r->stats);
+    OpDone(r);
+    return;
+  }
+  if (res < 0) {
+    const char* what = op->type == kOpRead    ? "read at "
+                       : op->type == kOpWrite ? "write at "
+                                              : "fdatasync";
+    Fail(r, ErrnoError(-res,
+                       op->type == kOpFlush
+                           ? std::string(what) + " of"
+                           : absl::StrCat(what, op->offset + op->done, " of"),
+                       op->file->name()));
+  } else if (op->type != kOpFlush) {
+    op->done += static_cast<uint64_t>(res);
+    if (op->done < op->bytes) {
+      if (op->type == kOpRead && res == 0) {
+        ZeroRest(op);  // past the end of the file: zeros
+      } else if (res == 0) {
+        Fail(r, absl::DataLossError(absl::StrCat(
+                    "write at ", op->offset + op->done, " of ",
+                    op->file->name(), " wrote nothing")));
+      } else {
+        Prep(op);  // short transfer: the rest
+        return;
+      }
+    }
+    if (r->status.ok()) CountIo(*op, op->type == kOpWrite, &r->stats);
+  }
+  OpDone(r);
+}
+
+void QueueImpl::OpDone(Request* r) {
+  if (--r->pending == 0) Advance(engine_, this, r);
+}
+
+void QueueImpl::Done(Request* r) {
+  const auto* f = reinterpret_cast<const uint64_t*>(&r->stats);
+  for (size_t i = 0; i < kStatFields; ++i) {
+    if (f[i] != 0) {
+      stats_[i].store(stats_[i].load(std::memory_order_relaxed) + f[i],
+                      std::memory_order_relaxed);
+    }
+  }
+  r->plan.Clear();
+  done_.push_back(r);
+}
+
+int QueueImpl::RunCallbacks() {
+  int n = static_cast<int>(done_.size());
+  for (int i = 0; i < n; ++i) {
+    Request* r = done_.front();
+    done_.pop_front();
+    Completion cb = std::move(r->done);
+    absl::Status s = std::move(r->status);
+    delete r;
+    --in_flight_;
+    if (cb) cb(std::move(s));
+  }
+  return n;
+}
+
+}  // namespace qcow2::internal

@@ -1,0 +1,88 @@
+// The asynchronous executor behind qcow2::Queue: one io_uring ring per
+// queue. Requests are planned by the engine and run by the runner
+// (lib/engine/runner.h); their I/O goes on the ring with no lock held.
+// Files that are not the library's own PosixFile, and I/O the ring cannot
+// take as is (unaligned O_DIRECT), run synchronously on the calling thread.
+#ifndef QCOW2_LIB_ENGINE_QUEUE_IMPL_H_
+#define QCOW2_LIB_ENGINE_QUEUE_IMPL_H_
+
+#include <liburing.h>
+
+#include <array>
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "lib/base/mutex.h"
+#include "lib/engine/engine.h"
+#include "lib/engine/request.h"
+#include "lib/engine/runner.h"
+#include "qcow2/queue.h"
+
+namespace qcow2::internal {
+
+// Not thread-safe, but for Wake (any thread) and Snapshot (any thread):
+// one thread submits and polls.
+class QueueImpl final : public Executor,
+                        public Waiter,
+                        public StatsRegistry::Source {
+ public:
+  QueueImpl(Engine* engine, const QueueOptions& opts);
+  ~QueueImpl() override;
+
+  bool uses_io_uring() const { return ring_ok_; }
+  int depth() const { return depth_; }
+  int in_flight() const { return in_flight_; }
+
+  absl::Status Submit(std::unique_ptr<Request> r);
+  int Poll(int min_complete);
+
+  // Executor.
+  void Issue(Request* r, IoOp* op, OpType type) override;
+  void Done(Request* r) override;
+  // Waiter: any thread, with the engine's metadata lock held.
+  void Wake(Request* r) override;
+  // StatsRegistry::Source: any thread.
+  IoStats Snapshot() const override;
+
+ private:
+  static constexpr size_t kStatFields = sizeof(IoStats) / sizeof(uint64_t);
+
+  // Plans woken requests again and starts them.
+  void DrainWoken();
+  // Starts r's stages after it was planned.
+  void Start(Request* r);
+  void Prep(IoOp* op);
+  void SubmitBacklog();
+  void ArmEventFd();
+  // Handles one completion; with `wait`, blocks for it. Returns false when
+  // none was there.
+  bool ReapOne(bool wait);
+  void OnComplete(IoOp* op, int res);
+  // The op is done (or failed into r->status): r goes on when it was the
+  // last one in flight.
+  void OpDone(Request* r);
+  int RunCallbacks();
+
+  Engine* const engine_;
+  const int depth_;
+  io_uring ring_{};
+  bool ring_ok_ = false;
+  int event_fd_ = -1;
+  uint64_t event_buf_ = 0;
+  bool event_armed_ = false;
+  bool closing_ = false;
+  int in_flight_ = 0;          // submitted, callback not yet run
+  std::deque<IoOp*> backlog_;  // ops waiting for a free SQE
+  std::deque<Request*> done_;
+  Mutex wake_mu_;
+  // Requests whose wait ended, to plan again on the polling thread.
+  std::vector<Request*> woken_ ABSL_GUARDED_BY(wake_mu_);
+  std::array<std::atomic<uint64_t>, kStatFields> stats_{};
+};
+
+}  // namespace qcow2::internal
+
+#endif  // QCOW2_LIB_ENGINE_QUEUE_IMPL_H_

@@ -1,0 +1,100 @@
+#include "lib/qcow2/header_writer.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "lib/base/events.h"
+#include "lib/base/io_context.h"
+#include "lib/base/status_macros.h"
+
+namespace qcow2::internal {
+
+absl::Status HeaderWriter::WriteHeaderFields() {
+  const Header& h = s_->header;
+  ASSIGN_OR_RETURN(std::vector<uint8_t> enc, EncodeHeader(h));
+  EmitEvent("header-update");
+  size_t n = h.version >= 3 ? h.header_length : kV2HeaderLength;
+  CountMetadata(&IoStats::header_write_bytes, n);
+  CountMetadata(&IoStats::host_flushes, 1);
+  RETURN_IF_ERROR(s_->meta->WriteAt(0, absl::MakeConstSpan(enc.data(), n)));
+  return s_->meta->Flush();
+}
+
+absl::Status HeaderWriter::PrepareWrite() {
+  Header& header = s_->header;
+  if (s_->closed) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(s_->file->name(), ": image is closed"));
+  }
+  if (!s_->writable) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        s_->file->name(), " is not open for writing",
+        (header.incompatible_features & kIncompatCorrupt) ? " (marked corrupt)"
+                                                          : ""));
+  }
+  if (prepared_) return absl::OkStatus();
+  const Header original = header;
+  bool changed = false;
+  // We maintain no autoclear feature (bitmaps, raw data file): clear the
+  // bits so readers know those structures may be stale after our writes.
+  if (header.autoclear_features != 0) {
+    header.autoclear_features = 0;
+    changed = true;
+  }
+  if (s_->lazy_refcounts &&
+      (header.incompatible_features & kIncompatDirty) == 0) {
+    header.incompatible_features |= kIncompatDirty;
+    changed = true;
+  }
+  if (changed) {
+    // While a request is planned, its executor writes the update with no
+    // lock held, before the request's own I/O (in a log of its own, or in
+    // the one being recorded); otherwise it is written now.
+    absl::Status s;
+    {
+      WriteBackFile::RecordScope record(s_->meta.get());
+      s = WriteHeaderFields();
+      if (s_->meta->recording()) header_ticket_ = s_->meta->recording_ticket();
+    }
+    if (!s.ok()) {
+      header = original;  // try again on the next write
+      return s;
+    }
+  }
+  prepared_ = true;
+  return absl::OkStatus();
+}
+
+uint64_t HeaderWriter::UnwrittenHeaderTicket() {
+  if (header_ticket_ != 0 && s_->meta->Written(header_ticket_)) {
+    header_ticket_ = 0;
+  }
+  return header_ticket_;
+}
+
+absl::Status HeaderWriter::Fail(absl::Status s) {
+  if (s.code() == absl::StatusCode::kDataLoss && s_->writable &&
+      (s_->header.incompatible_features & kIncompatCorrupt) == 0) {
+    // Inconsistent metadata: stop writing, and say so in the image so that
+    // nothing writes it again before a repair.
+    s_->header.incompatible_features |= kIncompatCorrupt;
+    WriteHeaderFields().IgnoreError();
+    s_->writable = false;
+    s_->marked_corrupt = true;
+  }
+  return s;
+}
+
+absl::Status HeaderWriter::MarkClean() {
+  Header& header = s_->header;
+  if (s_->writable && (header.incompatible_features & kIncompatDirty)) {
+    header.incompatible_features &= ~kIncompatDirty;
+    if (absl::Status s = WriteHeaderFields(); !s.ok()) {
+      header.incompatible_features |= kIncompatDirty;
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace qcow2::internal

@@ -1,0 +1,51 @@
+// Writes a qcow2 layer's header: its fixed fields, the flag changes of the
+// first write (autoclear bits, lazy refcounts' dirty bit) and of a clean
+// close, and the corrupt bit when the metadata turns out inconsistent.
+#ifndef QCOW2_LIB_QCOW2_HEADER_WRITER_H_
+#define QCOW2_LIB_QCOW2_HEADER_WRITER_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "lib/qcow2/qcow2_state.h"
+
+namespace qcow2::internal {
+
+class HeaderWriter {
+ public:
+  explicit HeaderWriter(Qcow2State* s) : s_(s) {}
+
+  // Rewrites the fixed header fields (not the extensions) from the state's
+  // header, and flushes.
+  absl::Status WriteHeaderFields();
+
+  // Before the first change to the image: kFailedPrecondition unless it is
+  // writable and open; clears the autoclear bits and sets the dirty bit
+  // (lazy refcounts) once, recorded for the planned request's executor
+  // when one is being planned (see UnwrittenHeaderTicket).
+  absl::Status PrepareWrite();
+
+  // The write-back ticket of the first write's header update (autoclear
+  // bits, lazy refcounts' dirty bit) while it is recorded and not yet
+  // written, else 0. No guest write may reach the disk before it: a write
+  // planned meanwhile waits for the ticket, as its recorder does.
+  uint64_t UnwrittenHeaderTicket();
+
+  // Marks the image corrupt on kDataLoss (in the header, and stops
+  // writing) and returns `s`.
+  absl::Status Fail(absl::Status s);
+
+  // For Close: clears the dirty bit (lazy refcounts) of a writable image
+  // and writes the header; on failure the bit stays set.
+  // REQUIRES: everything else is flushed.
+  absl::Status MarkClean();
+
+ private:
+  Qcow2State* const s_;         // the layer's; outlives this
+  bool prepared_ = false;       // PrepareWrite's header update is done
+  uint64_t header_ticket_ = 0;  // see UnwrittenHeaderTicket()
+};
+
+}  // namespace qcow2::internal
+
+#endif  // QCOW2_LIB_QCOW2_HEADER_WRITER_H_

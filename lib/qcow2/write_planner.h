@@ -1,0 +1,151 @@
+// Plans writes into a qcow2 layer: what to allocate (host clusters, L2
+// tables), what to copy from where (copy-on-write), what to write, and
+// which L2 entries to change once the data is written. The plan is made
+// under the image's metadata lock; its I/O runs without it (lib/engine).
+#ifndef QCOW2_LIB_QCOW2_WRITE_PLANNER_H_
+#define QCOW2_LIB_QCOW2_WRITE_PLANNER_H_
+
+#include <cstdint>
+#include <functional>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "lib/io/io_plan.h"
+#include "lib/meta/cluster_map.h"
+#include "lib/qcow2/qcow2_state.h"
+#include "qcow2/options.h"
+
+namespace qcow2::internal {
+
+class ExtentReader;
+class FlushSequencer;
+class HeaderWriter;
+class HostSpace;
+class MetadataGuard;
+class PendingClusters;
+
+// PlanWrite and Preallocate check that the layer is writable and open
+// (kFailedPrecondition); the other planning methods REQUIRE it.
+class WritePlanner {
+ public:
+  // Plans reads of guest bytes from the chain below this layer (for
+  // copy-on-write) into `dest`.
+  using BackingPlanner = std::function<absl::Status(
+      uint64_t offset, uint8_t* dest, uint64_t len, IoPlan* plan)>;
+  // Whether guest bytes [offset, +len) read as zeros from the chain below,
+  // judged from metadata alone (zero or unallocated everywhere down).
+  using BackingZero =
+      std::function<absl::StatusOr<bool>(uint64_t offset, uint64_t len)>;
+
+  // Clusters one probe looks at when it has no ProbeProgress to go on with.
+  static constexpr uint64_t kProbeClusters = 1024;
+
+  // The parts are the layer's and outlive this.
+  WritePlanner(Qcow2State* s, const MetadataGuard* guard,
+               HeaderWriter* header_writer, HostSpace* host_space,
+               FlushSequencer* flusher, ExtentReader* reader,
+               PendingClusters* pending)
+      : s_(s),
+        guard_(guard),
+        header_writer_(header_writer),
+        host_space_(host_space),
+        flusher_(flusher),
+        reader_(reader),
+        pending_(pending) {}
+
+  // The chain below, for copy-on-write; none (both null) at the bottom.
+  void set_backing(BackingPlanner planner, BackingZero zero) {
+    backing_ = std::move(planner);
+    backing_zero_ = std::move(zero);
+  }
+  bool has_backing() const { return static_cast<bool>(backing_); }
+
+  // Plans the write of `data` at guest `offset`: allocations happen now
+  // (in memory), copy-on-write reads and data writes go into `plan`, and
+  // L2 updates into its commits. The caller holds the guest clusters
+  // exclusively until the plan is committed or aborted; with `fine`, it
+  // holds only the write's own bytes (rounded to kFineLockBytes), which
+  // PendingClusters::FineWritable() must have allowed under the same
+  // lock. Under a MissDeferral, what planning needs is probed first
+  // (ProbeChange), all of the write's clusters, going on from `probe` when
+  // given.
+  absl::Status PlanWrite(uint64_t offset, absl::Span<const uint8_t> data,
+                         IoPlan* plan, bool fine = false,
+                         ProbeProgress* probe = nullptr);
+
+  // PlanWrite's step for the part of the write inside one guest cluster.
+  // Errors are returned as they are (not passed to Fail).
+  absl::Status PlanWriteCluster(uint64_t cluster, uint64_t in_cluster,
+                                absl::Span<const uint8_t> data, IoPlan* plan,
+                                bool fine = false);
+
+  // Under a MissDeferral that may defer now (the plan still empty), looks
+  // up what changing guest range [offset, +len) will need, changing
+  // nothing: its L2 slices, the refcount blocks of host clusters it may
+  // free (compressed or shared ones; with `frees_owned`, ours too), and
+  // for clusters it covers only in part, the tables below that say what
+  // to copy; and, if it may allocate, the refcount blocks the search for a
+  // free cluster meets.
+  // The first of these not cached stops it with the deferred miss, to be
+  // read with no lock held; any other error is left to the planning that
+  // follows.
+  // With `progress`, every cluster of the range, from where earlier rounds
+  // of the request got; else kProbeClusters at most.
+  absl::Status ProbeChange(uint64_t offset, uint64_t len, bool frees_owned,
+                           ProbeProgress* progress = nullptr);
+
+  // Whether guest range [offset, +len) inside one cluster whose L2 entry is
+  // `entry`/`bitmap` reads as zeros, judged from metadata alone. A copy of
+  // such a range into a never-written host cluster can be skipped.
+  absl::StatusOr<bool> KnownZero(uint64_t entry, uint64_t bitmap,
+                                 uint64_t offset, uint64_t len);
+  // Plans filling `dest` with the current contents of guest range
+  // [offset, +len) inside one cluster whose L2 entry is `entry`/`bitmap`.
+  absl::Status PlanReadOld(uint64_t entry, uint64_t bitmap, uint64_t offset,
+                           uint8_t* dest, uint64_t len, IoPlan* plan);
+
+  // The L2 entry of guest `cluster`, in a table this layer owns alone:
+  // allocates a table (fresh, or a private copy of a shared one) if
+  // needed, and checks an existing entry before anything is allocated.
+  absl::StatusOr<L2Ref> L2ForWrite(uint64_t cluster);
+  // Drops the reference the (validated) L2 entry `entry`/`bitmap` of guest
+  // offset `guest` holds on its host cluster(s).
+  absl::Status ReleaseHost(uint64_t entry, uint64_t bitmap, uint64_t guest);
+
+  // Allocates every guest cluster (metadata) and, for kFalloc/kFull, the
+  // host space under it, then flushes. For freshly created images.
+  absl::Status Preallocate(Preallocation mode);
+
+ private:
+  // Writes into subclusters of the cluster at host `entry` (ours, or
+  // `fresh` just allocated for it), padding to subcluster boundaries.
+  absl::Status PlanSubclusters(const L2Ref& ref, uint64_t entry,
+                               uint64_t bitmap, uint64_t cluster,
+                               uint64_t in_cluster,
+                               absl::Span<const uint8_t> data, bool fresh,
+                               bool virgin, IoPlan* plan);
+  // One cluster of ProbeChange; counts it in *allocations if changing it
+  // may allocate (an L2 table, or a host cluster).
+  absl::Status ProbeCluster(uint64_t cluster, bool partial, bool frees_owned,
+                            uint64_t* allocations);
+  // Puts every slice of a new L2 table at `table` in the cache, dirty:
+  // zeros, or a copy of `old_table`'s (when not 0).
+  absl::Status FillNewTable(uint64_t table, uint64_t old_table);
+
+  // The layer's state, and the parts this one calls (not owned).
+  Qcow2State* const s_;
+  const MetadataGuard* const guard_;
+  HeaderWriter* const header_writer_;
+  HostSpace* const host_space_;
+  FlushSequencer* const flusher_;
+  ExtentReader* const reader_;
+  PendingClusters* const pending_;
+  BackingPlanner backing_;    // the chain below; null at the bottom
+  BackingZero backing_zero_;  // null at the bottom
+};
+
+}  // namespace qcow2::internal
+
+#endif  // QCOW2_LIB_QCOW2_WRITE_PLANNER_H_

@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Checks the include layering of lib/.
+
+The folders of lib/ are layered bottom to top in the order given by the
+line `<!-- layers: base io ... -->` of docs/architecture.md. A file in
+lib/A may include lib/B only when B is A or comes before it, every lib/
+folder must appear in the order, and nothing in lib/ may include the test
+doubles, tests or tools. Exits 1, naming each offending include, if not.
+
+Usage: layers_check.py SOURCE_DIR
+"""
+import os
+import re
+import sys
+
+ORDER_RE = re.compile(r"^<!-- layers: ([\w ]+) -->$", re.M)
+INCLUDE_RE = re.compile(r'^\s*#\s*include\s+["<]([^">]+)[">]')
+FORBIDDEN = ("testing/", "tests/", "tools/")
+
+
+def find_cycles(edges):
+    """Returns the folder cycles in `edges`, each as [a, b, ..., a]: for
+    every edge a -> b, the shortest way back from b to a, if any."""
+    graph = {}
+    for a, b in edges:
+        graph.setdefault(a, []).append(b)
+    cycles = {}
+    for a, b in sorted(edges):
+        prev = {b: None}
+        queue = [b]
+        while queue and a not in prev:
+            node = queue.pop(0)
+            for nxt in sorted(graph.get(node, [])):
+                if nxt not in prev:
+                    prev[nxt] = node
+                    queue.append(nxt)
+        if a not in prev:
+            continue
+        path = [a]
+        while path[-1] != b:
+            path.append(prev[path[-1]])
+        ring = [a] + path[::-1][:-1]  # a, b, ..., (back to) a
+        i = ring.index(min(ring))
+        ring = ring[i:] + ring[:i]
+        cycles.setdefault(tuple(ring), ring + [ring[0]])
+    return list(cycles.values())
+
+
+def main(argv):
+    root = argv[1] if len(argv) > 1 else os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..")
+    doc = os.path.join(root, "docs", "architecture.md")
+    with open(doc, encoding="utf-8") as f:
+        m = ORDER_RE.search(f.read())
+    if not m:
+        print(f"{doc}: no '<!-- layers: ... -->' line giving the layer order")
+        return 1
+    order = m.group(1).split()
+    rank = {name: i for i, name in enumerate(order)}
+    errors = []
+
+    lib = os.path.join(root, "lib")
+    for d in sorted(os.listdir(lib)):
+        if os.path.isdir(os.path.join(lib, d)) and d not in rank:
+            errors.append(f"lib/{d}: folder missing from the layer order in "
+                          "docs/architecture.md")
+
+    edges = {}  # (from folder, to folder) -> first include seen
+    files = 0
+    for dirpath, dirnames, names in os.walk(lib):
+        dirnames.sort()
+        for name in sorted(names):
+            rel = os.path.relpath(os.path.join(dirpath, name), root)
+            parts = rel.split(os.sep)
+            src = parts[1] if len(parts) > 2 else None
+            files += 1
+            with open(os.path.join(root, rel), encoding="utf-8",
+                      errors="replace") as f:
+                lines = f.read().splitlines()
+            for n, line in enumerate(lines, 1):
+                inc = INCLUDE_RE.match(line)
+                if not inc:
+                    continue
+                target = inc.group(1)
+                where = f"{rel}:{n}: {line.strip()}"
+                if target.startswith(FORBIDDEN):
+                    errors.append(f"{where}  (lib/ must not include "
+                                  f"{target.split('/')[0]}/)")
+                    continue
+                if not target.startswith("lib/") or target.count("/") < 2:
+                    continue
+                dst = target.split("/")[1]
+                if src is None:
+                    errors.append(f"{where}  (file outside a layer folder)")
+                    continue
+                if dst != src:
+                    edges.setdefault((src, dst), where)
+                if dst not in rank:
+                    errors.append(f"{where}  (lib/{dst} is not in the "
+                                  "layer order)")
+                elif src in rank and rank[dst] > rank[src]:
+                    errors.append(f"{where}  (lib/{src} includes lib/{dst}, "
+                                  "a layer above it)")
+
+    for cycle in find_cycles(edges):
+        errors.append("folder cycle: " + " -> ".join(cycle))
+        for a, b in zip(cycle, cycle[1:]):
+            errors.append(f"  {a} -> {b}: {edges[(a, b)]}")
+
+    for e in errors:
+        print(e)
+    if errors:
+        print(f"layers: FAILED ({len(errors)} problems; order: "
+              f"{' '.join(order)})")
+        return 1
+    print(f"layers: OK ({files} files; order: {' '.join(order)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
