@@ -217,7 +217,7 @@ absl::Status CreateImage(const std::string& path, const CreateOptions& opts) {
   oo.open_backing = false;
   oo.format = "qcow2";
   ASSIGN_OR_RETURN(auto layer, Qcow2Layer::Open(std::move(file), oo));
-  RETURN_IF_ERROR(layer->Preallocate(opts.preallocation));
+  RETURN_IF_ERROR(layer->writer().Preallocate(opts.preallocation));
   return layer->Close();
 }
 

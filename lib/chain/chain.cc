@@ -203,7 +203,7 @@ absl::Status Chain::PlanRead(int depth, uint64_t offset, uint8_t* dest,
         if (q == nullptr) {
           return absl::InternalError("compressed extent in a raw layer");
         }
-        RETURN_IF_ERROR(q->PlanCompressedRead(e.entry, cur, dest + pos,
+        RETURN_IF_ERROR(q->reader().PlanCompressedRead(e.entry, cur, dest + pos,
                                               e.length, plan, category));
         break;
       }
@@ -321,7 +321,7 @@ absl::Status Chain::PlanBackingRead(uint64_t offset, uint8_t* dest,
         if (q == nullptr) {
           return absl::InternalError("compressed extent in a raw layer");
         }
-        RETURN_IF_ERROR(q->PlanCompressedRead(p.extent.entry, cur, dest + pos,
+        RETURN_IF_ERROR(q->reader().PlanCompressedRead(p.extent.entry, cur, dest + pos,
                                               n, plan, category));
         break;
       }

@@ -40,7 +40,7 @@ void Chain::ConnectBacking() {
   }
   Qcow2Layer* top = top_qcow2();
   if (top == nullptr || length() < 2) return;
-  top->set_backing(
+  top->writer().set_backing(
       [this](uint64_t offset, uint8_t* dest, uint64_t len, IoPlan* plan) {
         return PlanRead(1, offset, dest, len, plan, IoCategory::kCow);
       },
@@ -62,7 +62,7 @@ absl::Status Chain::Resize(uint64_t new_size) {
     return absl::UnimplementedError(absl::StrCat(
         layers_[0]->filename(), ": resizing raw images is not supported"));
   }
-  return top->Grow(new_size);
+  return top->flusher().Grow(new_size);
 }
 
 absl::Status Chain::Close() {
@@ -145,7 +145,7 @@ absl::Status Chain::CreateOverlay(const std::string& path,
     layer->reset();  // close the overlay's file before removing it
     return fail(s);
   }
-  if (Qcow2Layer* q = top_qcow2()) q->set_backing(nullptr, nullptr);
+  if (Qcow2Layer* q = top_qcow2()) q->writer().set_backing(nullptr, nullptr);
   layers_.insert(layers_.begin(), std::move(layer).value());
   backing_map_.Clear();  // resolved for the layers under the old top
   resolved_backing_.insert(resolved_backing_.begin(), top_path.string());

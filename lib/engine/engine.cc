@@ -16,11 +16,11 @@ namespace qcow2::internal {
 namespace {
 
 // The range-lock geometry for a chain's top: its clusters, counted in
-// units of Qcow2Layer::kFineLockBits (a raw top has no clusters: 64 KiB).
+// units of PendingClusters::kFineLockBits (a raw top has no clusters: 64 KiB).
 void SetLockGeometry(Chain* chain, RangeLockTable* locks) {
   const Qcow2Layer* top = chain->top_qcow2();
   const uint32_t cbits = top != nullptr ? top->geometry().cluster_bits : 16;
-  locks->SetGeometry(cbits, std::min(cbits, Qcow2Layer::kFineLockBits));
+  locks->SetGeometry(cbits, std::min(cbits, PendingClusters::kFineLockBits));
 }
 
 }  // namespace
@@ -73,8 +73,8 @@ bool Engine::Begin(Request* r) {
   Qcow2Layer* top = chain_->top_qcow2();
   bool fine = r->is_read() || top == nullptr;
   if (r->kind == Request::Kind::kWrite && top != nullptr) {
-    fine = top->FineWritable(r->offset, r->len, /*stream=*/true);
-    top->NoteWriteBegun(r->offset, r->len);
+    fine = top->pending().FineWritable(r->offset, r->len, /*stream=*/true);
+    top->pending().NoteWriteBegun(r->offset, r->len);
   }
   locks_.SetRange(r, fine);
   r->lock.shared = r->is_read();
@@ -158,7 +158,7 @@ void Engine::Grow(Request* r) {
   if (s.ok()) return;
   EngineLock lock(&mu_);
   StatsScope scope(&r->stats);
-  if (Qcow2Layer* top = chain_->top_qcow2()) s = top->GrowWithoutReserve(s);
+  if (Qcow2Layer* top = chain_->top_qcow2()) s = top->host_space().GrowWithoutReserve(s);
   if (!s.ok() && r->status.ok()) r->status = std::move(s);
 }
 
@@ -168,7 +168,7 @@ absl::Status Engine::RunCommits(Request* r) {
     if (!s.ok()) {
       // Clusters of the remaining changes leak at worst.
       Qcow2Layer* top = chain_->top_qcow2();
-      return top != nullptr ? top->Fail(std::move(s)) : s;
+      return top != nullptr ? top->header_writer().Fail(std::move(s)) : s;
     }
   }
   return absl::OkStatus();
@@ -201,10 +201,10 @@ void Engine::Finish(Request* r) {
     // system with no lock held; reusable only after that.
     {
       StatsScope scope(&r->stats);
-      top->DiscardReleased(r->flush.released);
+      top->flusher().DiscardReleased(r->flush.released);
     }
     EngineLock lock(&mu_);
-    top->EndDiscard(r->flush.released);
+    top->flusher().EndDiscard(r->flush.released);
     r->flush.released.clear();
   }
   if (r->owner == nullptr) stats_.Retire(r->stats);
@@ -225,7 +225,7 @@ void Engine::FinishLocked(Request* r) {
   }
   if (r->is_flush() && r->status.ok() && r->flush.file != nullptr) {
     if (Qcow2Layer* top = chain_->top_qcow2()) {
-      top->FinishFlush(r->flush.generation, &r->flush.released);
+      top->flusher().FinishFlush(r->flush.generation, &r->flush.released);
     }
   }
   r->pinned.clear();

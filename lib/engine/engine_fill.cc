@@ -11,7 +11,7 @@
 namespace qcow2::internal {
 
 bool Engine::PlanFillRound(Request* r, Qcow2Layer* top) {
-  if (!top->HasPendingIn(r->offset, r->len)) return false;
+  if (!top->pending().HasPendingIn(r->offset, r->len)) return false;
   if (filling_ != nullptr) {
     // One fill at a time, and the one in flight may be filling clusters
     // of r's (a flush fills those of a request granted them whole): r
@@ -21,7 +21,7 @@ bool Engine::PlanFillRound(Request* r, Qcow2Layer* top) {
     return true;
   }
   PlanDeferringMisses(r, [&] {
-    return top->PlanFillsFor(r->offset, r->len, &r->plan);
+    return top->pending().PlanFillsFor(r->offset, r->len, &r->plan);
   });
   if (!r->status.ok() || r->miss.cache != nullptr || r->parked) return true;
   if (!r->plan.HasWork()) return false;  // nothing to fill: plan r itself
@@ -35,7 +35,7 @@ void Engine::PlanFill(Request* r, Qcow2Layer* top) {
   const uint64_t per_cluster = uint64_t{1}
                                << (locks_.cluster_bits() - locks_.unit_bits());
   absl::Status s;
-  for (uint64_t cluster : top->PendingClusters()) {
+  for (uint64_t cluster : top->pending().Clusters()) {
     const uint64_t first = cluster * per_cluster;
     const uint64_t last = first + per_cluster - 1;
     // A request granted the whole cluster (a write, write-zeroes or
@@ -45,7 +45,7 @@ void Engine::PlanFill(Request* r, Qcow2Layer* top) {
     // into its units, whose bytes the fill writes again) do not mind.
     const bool held_whole = locks_.HeldWhole(first, last);
     const size_t commits_before = r->plan.commits.size();
-    s = top->PlanFill(cluster, &r->plan);
+    s = top->pending().PlanFill(cluster, &r->plan);
     if (!s.ok()) break;
     if (held_whole) continue;
     if (r->plan.commits.size() == commits_before) continue;  // not pending
@@ -95,13 +95,13 @@ void Engine::EndFill(Request* r) {
     for (auto& commit : r->plan.commits) {
       // Each commit ends its own cluster's fill: run them all.
       if (absl::Status s = commit(); !s.ok() && r->status.ok()) {
-        r->status = top != nullptr ? top->Fail(std::move(s)) : s;
+        r->status = top != nullptr ? top->header_writer().Fail(std::move(s)) : s;
       }
     }
   } else {
     for (auto& abort : r->plan.aborts) abort();
     // As a failed fill under the lock would: kDataLoss marks the image.
-    if (top != nullptr) r->status = top->Fail(r->status);
+    if (top != nullptr) r->status = top->header_writer().Fail(r->status);
   }
   r->plan.Clear();
   for (auto& hold : r->fill.holds) locks_.Remove(hold.get(), /*grant=*/false);

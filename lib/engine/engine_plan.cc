@@ -64,7 +64,7 @@ void Engine::PlanLocked(Request* r) {
     // The first write's header update is written by its own executor,
     // with no lock held: until it is, every write waits for it before
     // its own I/O (clearing the autoclear bits must precede any change).
-    if (const uint64_t ticket = top->UnwrittenHeaderTicket(); ticket != 0) {
+    if (const uint64_t ticket = top->header_writer().UnwrittenHeaderTicket(); ticket != 0) {
       r->write_back.file = top->meta_file();
       r->write_back.ticket = std::max(r->write_back.ticket, ticket);
     }
@@ -86,14 +86,14 @@ void Engine::PlanLocked(Request* r) {
       // What allowed a byte-range lock may have changed while the write
       // waited: then it needs its whole clusters.
       if (r->lock.fine && !r->lock.fine_just_checked &&
-          !top->FineWritable(r->offset, r->len, /*stream=*/false) &&
+          !top->pending().FineWritable(r->offset, r->len, /*stream=*/false) &&
           !locks_.Widen(r)) {
         break;  // parked until it holds them
       }
       const bool fine = r->lock.fine;
       if (!fine && PlanFillRound(r, top)) break;
       PlanDeferringMisses(r, [&] {
-        return top->PlanWrite(r->offset, absl::MakeConstSpan(r->wbuf, r->len),
+        return top->writer().PlanWrite(r->offset, absl::MakeConstSpan(r->wbuf, r->len),
                               &r->plan, fine, &r->probe);
       });
       break;
@@ -114,7 +114,7 @@ void Engine::PlanLocked(Request* r) {
       if (PlanFillRound(r, top)) break;
       const bool free = r->kind == Request::Kind::kDiscard || r->unmap;
       PlanDeferringMisses(r, [&] {
-        return top->Zero(r->offset, r->len, free, &r->plan, &r->zero_done,
+        return top->zeroer().Zero(r->offset, r->len, free, &r->plan, &r->zero_done,
                          &r->zero_more);
       });
       if (!r->status.ok()) r->zero_more = false;

@@ -23,7 +23,7 @@ void FlushGroup::Record(Request* r, Qcow2Layer* top, Mutex* mu) {
     EmitEvent("flush-wait");
     recorded_cv_.Wait(mu);
   }
-  absl::StatusOr<Qcow2Layer::FlushTicket> t = top->BeginFlush();
+  absl::StatusOr<FlushSequencer::FlushTicket> t = top->flusher().BeginFlush();
   if (!t.ok()) {
     r->status = t.status();
     return;

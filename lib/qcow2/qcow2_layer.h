@@ -89,45 +89,11 @@ class Qcow2Layer : public Layer {
   // is (see the file comment).
   ExtentReader& reader() { return reader_; }
   WritePlanner& writer() { return writer_; }
-  internal::PendingClusters& pending() { return pending_; }
+  PendingClusters& pending() { return pending_; }
   Zeroer& zeroer() { return zeroer_; }
   FlushSequencer& flusher() { return flusher_; }
   HostSpace& host_space() { return host_space_; }
   HeaderWriter& header_writer() { return header_writer_; }
-
-  // --- Forwarders to the parts, until the callers use the parts.
-  // clang-format off
-  using BackingPlanner = WritePlanner::BackingPlanner;  // forwarder
-  using BackingZero = WritePlanner::BackingZero;  // forwarder
-  using FlushTicket = FlushSequencer::FlushTicket;  // forwarder
-  static constexpr uint32_t kFineLockBits = internal::PendingClusters::kFineLockBits;  // forwarder
-  static constexpr uint64_t kFineLockBytes = internal::PendingClusters::kFineLockBytes;  // forwarder
-  static constexpr size_t kMaxPending = internal::PendingClusters::kMaxPending;  // forwarder
-  static constexpr int kZeroRoundWindows = Zeroer::kZeroRoundWindows;  // forwarder
-  absl::Status PlanCompressedRead(uint64_t entry, uint64_t offset, uint8_t* dest, uint64_t len, IoPlan* plan, IoCategory category) { return reader_.PlanCompressedRead(entry, offset, dest, len, plan, category); }  // forwarder
-  void set_backing(BackingPlanner planner, BackingZero zero) { writer_.set_backing(std::move(planner), std::move(zero)); }  // forwarder
-  bool has_backing() const { return writer_.has_backing(); }  // forwarder
-  absl::Status PlanWrite(uint64_t offset, absl::Span<const uint8_t> data, IoPlan* plan, bool fine = false, ProbeProgress* probe = nullptr) { return writer_.PlanWrite(offset, data, plan, fine, probe); }  // forwarder
-  absl::Status Preallocate(Preallocation mode) { return writer_.Preallocate(mode); }  // forwarder
-  bool FineWritable(uint64_t offset, uint64_t len, bool stream) { return pending_.FineWritable(offset, len, stream); }  // forwarder
-  void NoteWriteBegun(uint64_t offset, uint64_t len) { pending_.NoteWriteBegun(offset, len); }  // forwarder
-  absl::Status SettleAllPending() { return pending_.SettleAllPending(); }  // forwarder
-  std::vector<uint64_t> PendingClusters() const { return pending_.Clusters(); }  // forwarder
-  bool HasPendingIn(uint64_t offset, uint64_t len) const { return pending_.HasPendingIn(offset, len); }  // forwarder
-  absl::Status PlanFill(uint64_t cluster, IoPlan* plan) { return pending_.PlanFill(cluster, plan); }  // forwarder
-  absl::Status Materialize(uint64_t cluster) { return pending_.Materialize(cluster); }  // forwarder
-  absl::Status PlanFillsFor(uint64_t offset, uint64_t len, IoPlan* plan) { return pending_.PlanFillsFor(offset, len, plan); }  // forwarder
-  absl::Status Zero(uint64_t offset, uint64_t len, bool free_clusters, IoPlan* plan, uint64_t* done = nullptr, bool* more = nullptr) { return zeroer_.Zero(offset, len, free_clusters, plan, done, more); }  // forwarder
-  absl::StatusOr<FlushTicket> BeginFlush() { return flusher_.BeginFlush(); }  // forwarder
-  void FinishFlush(uint64_t generation, std::vector<std::pair<uint64_t, uint64_t>>* to_discard = nullptr) { flusher_.FinishFlush(generation, to_discard); }  // forwarder
-  void DiscardReleased(const std::vector<std::pair<uint64_t, uint64_t>>& ranges) { flusher_.DiscardReleased(ranges); }  // forwarder
-  void EndDiscard(const std::vector<std::pair<uint64_t, uint64_t>>& ranges) { flusher_.EndDiscard(ranges); }  // forwarder
-  absl::Status Grow(uint64_t new_size) { return flusher_.Grow(new_size); }  // forwarder
-  absl::Status GrowWithoutReserve(const absl::Status& reserve) { return host_space_.GrowWithoutReserve(reserve); }  // forwarder
-  absl::Status Fail(absl::Status s) { return header_writer_.Fail(std::move(s)); }  // forwarder
-  absl::Status WriteHeaderFields() { return header_writer_.WriteHeaderFields(); }  // forwarder
-  uint64_t UnwrittenHeaderTicket() { return header_writer_.UnwrittenHeaderTicket(); }  // forwarder
-  // clang-format on
 
  private:
   Qcow2Layer(std::unique_ptr<File> file, Header header, uint64_t file_size)
