@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Micro-benchmarks of the L2 entry codecs (lib/format/entries.h): decoding
 // big-endian entries from a table slice, classifying standard and extended
 // entries, encoding entries back, and the compressed-cluster descriptor.

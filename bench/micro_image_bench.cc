@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Micro-benchmarks over in-memory images: an L2 cache hit
 // (ClusterMap::Lookup), a refcount update in the refcount block cache
 // (Refcounts::Update), Image::GetBlockStatus through chains of depth

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "bench/micro_util.h"
 
 #include "absl/strings/str_cat.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // In-memory images for the micro-benchmarks: qcow2 chains built through the
 // public API on a MemoryFileSystem, and the header and L1 table of a file
 // read back for benchmarks that drive internal classes directly.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fuzz_decompress: one compressed cluster, as DecompressCluster sees it.
 //
 // Input: byte 0 chooses the codec (bit 0: 0 zlib/raw deflate, 1 zstd) and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fuzz_open_read: the input is the bytes of an image file (qcow2, or raw
 // when the magic is missing).
 //

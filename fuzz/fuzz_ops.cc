@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // fuzz_ops: guest operation sequences decoded from the input, applied to a
 // writable image on the in-memory file system and to a flat byte model.
 //

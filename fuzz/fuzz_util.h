@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Small helpers shared by the fuzz targets.
 #ifndef QCOW2_FUZZ_FUZZ_UTIL_H_
 #define QCOW2_FUZZ_FUZZ_UTIL_H_

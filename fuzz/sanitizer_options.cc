@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Sanitizer defaults for the fuzz targets, so that running a fuzzer binary
 // by hand behaves like scripts/fuzz.sh: any UndefinedBehaviorSanitizer
 // report is fatal (libFuzzer saves the input) and comes with a stack trace,

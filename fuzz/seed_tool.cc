@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Seed corpora for the fuzz targets (used by scripts/fuzz.sh):
 //
 //   fuzz_seed_tool extract IMAGE OUTDIR PREFIX

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A File for crash and error tests: writes land in a volatile layer until
 // Flush() makes them durable; PowerCut() throws the volatile layer away
 // (all of it, a random subset, or all but the newest write, as a disk

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A File that holds one chosen operation until the test lets it go, to
 // show what other requests can do meanwhile.
 #ifndef QCOW2_TESTING_GATE_FILE_H_

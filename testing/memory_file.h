@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // In-memory files for tests, fuzzers and embedders that keep images in RAM.
 #ifndef QCOW2_TESTING_MEMORY_FILE_H_
 #define QCOW2_TESTING_MEMORY_FILE_H_

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A reference model of a virtual disk for randomized model tests: a flat
 // byte array per disk, the operations applied to it, and a seeded generator
 // of operation sequences (offsets and lengths biased towards the awkward

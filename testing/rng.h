@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A deterministic pseudo-random generator for tests and models.
 #ifndef QCOW2_TESTING_RNG_H_
 #define QCOW2_TESTING_RNG_H_

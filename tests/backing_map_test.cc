@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // BackingMap: the cache of where guest ranges under the top of a chain
 // resolve. Pieces stay inside their 64 KiB granule; the free span after an
 // offset ends at the next piece; a piece covering its whole granule

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // OpenOptions::backing_root and max_chain_depth: backing files named by an
 // untrusted image may only come from inside one directory, never through a
 // protocol, and chains are bounded.

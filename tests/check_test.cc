@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for the refcount checker (lib/refcount/check.{h,cc}) and
 // `qcowtool check` (tools/cmd_check.cc), with `qemu-img check` as the
 // oracle: images built by qemu-img/qemu-io must check clean with the same

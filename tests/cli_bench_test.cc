@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // qcowtool bench: short runs of every workload with --output=json, checked
 // for shape and internal consistency (never for speed), option errors, the
 // SVG chart, and the tool's latency histogram and chart renderer.

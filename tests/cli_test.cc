@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // qcowtool against qemu-img: `map`, `info` and `convert` must print (and
 // write) exactly what qemu-img does for images built with qemu-img and
 // qemu-io; plus argument handling and the shared CLI helpers.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // qcowtool's writing commands (create, snapshot, io) against QEMU 7.2, both
 // ways:
 //  (a) images `qcowtool create` makes, over a spread of -o options, must

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The file of a qcow2 image is grown ahead of its allocations in steps
 // (Qcow2Layer::GrowAhead). The step is reserved (fallocate) by the
 // executor of the write that needs it, with no lock held: a reserve of

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // L2 cache misses are read with no lock held (MissDeferral): the cache
 // defers a miss only while the request's plan is empty, drops an entry
 // that may have gone stale while it was read, and a request blocked in such

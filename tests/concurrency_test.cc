@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Many queues on one chain, issuing random overlapping reads, writes,
 // write-zeroes, discards and flushes at once, checked against a serial
 // model.

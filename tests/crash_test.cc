@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Power-cut sweep and error injection for the write path.
 //
 // A scripted workload runs over an overlay on a backing file, both on

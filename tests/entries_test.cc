@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for the L2 entry helpers in lib/format/entries.h that the read path
 // relies on for speed: SubclusterRunEnd must agree with classifying the
 // subclusters one by one.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // I/O error injection (EIO and ENOSPC) at every file operation of a
 // workload, reads included.
 //

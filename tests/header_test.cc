@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for the qcow2 header codec (lib/format/header.{h,cc}): decoding
 // hand-built v2/v3 headers field by field, EncodeHeader round trips, the
 // layout QEMU writes (qemu-img as the oracle) and one clear error per

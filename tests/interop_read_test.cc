@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The interop read matrix: images and backing chains built by QEMU's own
 // tools (qemu-img create/convert, qemu-io writes at unaligned offsets) across
 // cluster sizes, refcount widths, versions, extended L2, compression types,

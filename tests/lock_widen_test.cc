@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The lock list, driven step by step through the engine's internal API
 // with waiters that only record wake-ups: writes that held only their own
 // bytes and must widen to whole clusters (RangeLockTable::Widen), and writes

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The malformed-image corpus (tests/malformed_corpus.py) against the library
 // and qcowtool.
 //

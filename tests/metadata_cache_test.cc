@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // MetadataCache write-back writes only the aligned blocks of an entry that
 // changed since it was last written.
 #include <memory>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Randomized model tests of the write path: seeded sequences of write /
 // write-zeroes / discard / flush / close+reopen / "new overlay on top"
 // (CreateImage + Open, Image::CreateOverlay, or qemu-img create) / resize

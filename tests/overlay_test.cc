@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Live external snapshots: Image::CreateOverlay on an open writable chain.
 #include <vector>
 

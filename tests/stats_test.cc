@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The I/O counters (qcow2/stats.h) are exact on small scripted workloads:
 // every host byte a guest request causes is counted once, under the right
 // heading.

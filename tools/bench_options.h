@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The command line of `qcowtool bench WORKLOAD [options]`. One parser reads
 // every option; each workload then says which ones apply to it (an option
 // given to a workload it does not apply to is a usage error naming it).

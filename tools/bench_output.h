@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Results of `qcowtool bench`: records of named values, printed as an
 // aligned table (--output=human) or as one JSON document (--output=json):
 //

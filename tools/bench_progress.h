@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Progress reporting and interruption for `qcowtool bench`.
 //
 // On a terminal, one status line on stderr is rewritten in place (carriage

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The request loop of `qcowtool bench`: keeps up to QD requests in flight
 // on a qcow2::Queue (Submit*, then Poll(1) for at least one completion),
 // times every request from its Submit call to its callback, and counts

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the `qcowtool bench` workloads share: the scratch directory, opening
 // and filling images, and turning a cell's result and IoStats delta into
 // result columns.

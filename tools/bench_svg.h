@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Charts for `qcowtool bench --plot FILE.svg`: a standalone SVG document
 // (no scripts, no external fonts or styles) with one or more panels stacked
 // vertically, each with axes, tick labels, axis titles and a legend.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The workloads of `qcowtool bench`, one file each (tools/cmd_bench_*.cc).
 // Each fills a Report from the options (unset ones take the workload's
 // defaults); tools/cmd_bench.cc parses the command line, checks which

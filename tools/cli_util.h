@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Helpers shared by qcowtool's commands: exit codes, usage and error
 // reporting, qemu-style size parsing and printing, option values.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // qcowtool bench: performance workloads over libqcow2's asynchronous Queue
 // API. This file parses the command line, checks which options apply to
 // the workload, runs it and prints its report; the workloads themselves are

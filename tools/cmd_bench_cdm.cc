@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // qcowtool bench cdm: CrystalDiskMark's four standard tests, reads then
 // writes, on a qcow2 image and on a raw file of the same size in the same
 // directory (both written in full first, so reads find data and writes

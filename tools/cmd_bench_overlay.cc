@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // qcowtool bench overlay: random I/O through backing chains of growing
 // depth.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // qcowtool bench pattern: `qemu-img bench` on an existing image, with its
 // flags and request pattern, so the two can be compared run for run.
 //

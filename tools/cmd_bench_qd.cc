@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // qcowtool bench qd: random reads of a fully written qcow2 image and of a
 // raw file of the same size, through the same engine and backend, at
 // several queue depths; the ratio shows what the qcow2 mapping costs.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // qcowtool bench rmw: what copy-on-write costs right after an external
 // snapshot, side by side with the same I/O where nothing is copied.
 //

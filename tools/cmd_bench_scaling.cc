@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // qcowtool bench scaling: aggregate sequential write throughput of 1..N
 // writers, each a thread with its own Queue writing its own region, on
 // separate images or one shared image, qcow2 against raw; optionally each

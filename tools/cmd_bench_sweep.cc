@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // qcowtool bench sweep: which overlay options suit a write-size mix. For
 // each cluster size and extended-L2 setting, a fresh overlay over one fully
 // written backing file takes --count random writes drawn from --mix; the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // qcowtool check [-q] [-f qcow2] [--output=human|json] [-r leaks|all] IMAGE
 //
 // The equivalent of `qemu-img check`: same report (human or JSON, same

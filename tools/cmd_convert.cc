@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // qcowtool convert: copies the virtual disk of an image (through its
 // backing chain) into a raw file, like `qemu-img convert -O raw`.
 #include <fcntl.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // qcowtool create: new qcow2 and raw images, with qemu-img create's option
 // names (-o key=value,...), size syntax and "Formatting ..." line.
 //

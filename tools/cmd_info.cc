@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // qcowtool info: facts about an image (and its backing chain), printed as
 // `qemu-img info` prints them.
 #include <getopt.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // qcowtool io: scriptable reads and writes in the spirit of qemu-io, with
 // qemu-io's command syntax and result lines.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // qcowtool map: where each range of the virtual disk comes from, printed
 // exactly as `qemu-img map` prints it.
 #include <getopt.h>

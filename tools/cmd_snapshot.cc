@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // qcowtool snapshot: an external snapshot, i.e. a new qcow2 overlay whose
 // backing file is the image. Internal snapshots (qemu-img snapshot -l/-c/
 // -a/-d) are reserved for later.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // qcowtool's command handlers. Each is called with argv[0] set to the
 // command name and the command's own arguments after it, parses them with
 // getopt_long, and returns the process exit status (see tools/cli_util.h:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What QEMU learns from the host file under an image when `qemu-img map`
 // digs below the format layer: holes found with SEEK_DATA/SEEK_HOLE
 // (block/file-posix.c), and whether a qcow2 file looks metadata-

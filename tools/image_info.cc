@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "tools/image_info.h"
 
 #include "absl/strings/str_cat.h"

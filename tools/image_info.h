@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What `qcowtool info` says about one file of a chain, in qemu-img info's
 // two layouts. Pure functions of their arguments.
 #ifndef QCOW2_TOOLS_IMAGE_INFO_H_

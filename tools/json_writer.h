@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A small JSON document builder and printer for qcowtool's --output=json.
 //
 //   Json info = Json::Object();

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // qcowtool: a qemu-img-like command line over libqcow2.
 //
 //   qcowtool COMMAND [options] ARGS...

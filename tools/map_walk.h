@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The ranges `qemu-img map` reports for an image: libqcow2's BlockStatus,
 // plus what QEMU additionally learns from the host file of a qcow2 image
 // that looks metadata-preallocated (tools/host_probe.h): data clusters

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A minimal program using an installed libqcow2 (scripts/package_test.sh
 // builds it against the CMake package and against pkg-config): creates a
 // qcow2 image, writes 4 KiB, reads them back, prints the library version.

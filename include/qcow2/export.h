@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // QCOW2_EXPORT marks the public API of libqcow2.
 //
 // The library is compiled with -fvisibility=hidden and

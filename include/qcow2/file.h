@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The byte store that images live in. The library reaches storage only
 // through this interface, so embedders can supply their own (network block
 // stores, encrypted files, test doubles).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libqcow2's main entry point: an opened image together with its backing
 // chain.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Options for opening and creating images. Every field has a default, so
 // `OpenOptions{}` opens an image read-only with sensible caches.
 #ifndef QCOW2_OPTIONS_H_

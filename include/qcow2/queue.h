@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Asynchronous I/O on an image: a Queue submits requests and delivers their
 // completions.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // I/O accounting: what guest requests cost in host I/O.
 //
 // Every queue (and the synchronous API) keeps its own counters, written only

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CreateImage: new qcow2 and raw images, laid out as qemu-img lays them out
 // (header, refcount table, first refcount block, L1 table), then optional
 // preallocation through the normal write path.

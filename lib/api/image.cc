@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The public Image: a thin facade over internal::Engine.
 #include "qcow2/image.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The public Queue: a thin facade over internal::QueueImpl.
 #include <memory>
 #include <utility>

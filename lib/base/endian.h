@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Big-endian load/store helpers for on-disk structures. qcow2 stores every
 // integer big-endian; these never cast structs over buffers.
 #ifndef QCOW2_LIB_BASE_ENDIAN_H_

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Named metadata events ("l2-update", "cow-write", ...), emitted just before
 // the I/O they describe. Tests hook them to cut power or inject errors at an
 // exact step and to report which steps a sweep covered. Without a hook, an

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "lib/base/io_context.h"
 
 namespace qcow2::internal {

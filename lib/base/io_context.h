@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The I/O context of the calling thread: whose counters metadata I/O is
 // charged to, and whether the thread holds an image's metadata lock.
 //

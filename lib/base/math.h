@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Alignment and overflow-checked arithmetic used across the library.
 #ifndef QCOW2_LIB_BASE_MATH_H_
 #define QCOW2_LIB_BASE_MATH_H_

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A std::mutex that clang's thread-safety analysis understands, a scoped
 // holder of it, and a condition variable that waits on it. libstdc++'s own
 // types carry no annotations, so `ABSL_GUARDED_BY(mu_)` on a field guarded

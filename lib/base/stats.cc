@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Small helpers for absl::Status plumbing. Debian's Abseil (20220623) has no
 // RETURN_IF_ERROR / ASSIGN_OR_RETURN, so the library carries its own.
 #ifndef QCOW2_LIB_BASE_STATUS_MACROS_H_

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Where guest ranges of the layers under the top of a chain resolve: which
 // layer stores them, and how. Those layers are read-only while the chain is
 // open, so a resolution stays true until the chain itself changes (a new

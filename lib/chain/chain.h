@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A backing chain: the top image and the files under it, opened with the
 // safety rules for untrusted backing names.
 #ifndef QCOW2_LIB_CHAIN_CHAIN_H_

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Write-side operations of the chain: everything goes to the top layer;
 // layers below are read for copy-on-write only.
 #include <algorithm>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The request engine's steps around planning: taking a guest range in
 // arrival order (Begin), reading deferred misses (LoadMiss), growing the
 // file (Grow), further rounds (NextRound), and commit or abort (Finish).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The request engine of one open image: its chain, the metadata lock that
 // guards it, and the steps every guest request goes through. Implements the
 // public Image.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The request engine's fill stage and flush recording: pending clusters
 // (deferred copy-on-write) filled with no lock held, for a flush or for a
 // request that holds them whole, and a flush's metadata write-back

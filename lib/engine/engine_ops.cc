@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Whole-image operations of the request engine: block status, resize,
 // close and chain facts, each under the metadata lock.
 #include <optional>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Planning one request under the metadata lock: what it reads, writes and
 // commits, per kind, with metadata misses deferred to its executor.
 #include <algorithm>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "lib/engine/flush_group.h"
 
 #include "lib/base/events.h"

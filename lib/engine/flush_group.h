@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Group commit of flushes: a flush records the metadata write-back (the
 // log of cache writes and file flushes, Qcow2Layer::BeginFlush) and writes
 // it with no lock held; flushes that come in while a log is written share

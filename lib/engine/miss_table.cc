@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "lib/engine/miss_table.h"
 
 #include "absl/strings/str_cat.h"

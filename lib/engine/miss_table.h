@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Deferred metadata misses being read with no lock held, by (cache, offset
 // read): who reads each, and the requests of the same executor that met it
 // meanwhile and wait for it.

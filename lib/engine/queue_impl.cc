@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "lib/engine/queue_impl.h"
 
 #include <linux/falloc.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The asynchronous executor behind qcow2::Queue: one io_uring ring per
 // queue. Requests are planned by the engine and run by the runner
 // (lib/engine/runner.h); their I/O goes on the ring with no lock held.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "lib/engine/range_locks.h"
 
 namespace qcow2::internal {

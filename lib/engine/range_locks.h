@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The guest ranges requests hold, in arrival order: a request may go on
 // once no earlier request (holding or waiting), and no later one holding,
 // overlaps its range, unless both only read.

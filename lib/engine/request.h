@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One guest request as the engine carries it: what was asked, the guest
 // range it holds, its plan, where it is in its lifecycle, and its result.
 #ifndef QCOW2_LIB_ENGINE_REQUEST_H_

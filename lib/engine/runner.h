@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The one place a request's lifecycle is written down: the stages every
 // request goes through (Stage, in request.h) and the runner that moves it
 // from one to the next, whoever carries out its I/O. The synchronous calls

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "lib/engine/stats_registry.h"
 
 #include <algorithm>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The I/O counters of one image: those of requests and queues that are
 // gone, and the live queues', added up on demand (Image::GetStats).
 #ifndef QCOW2_LIB_ENGINE_STATS_REGISTRY_H_

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The qcow2 compressed-cluster codec: one guest cluster in, a compressed
 // stream out, and back. Compatible with QEMU's qcow2 driver:
 //   - kZlib: a raw deflate stream (no zlib header or trailer), written with

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Codecs for L1, L2 (standard and extended) and refcount table entries.
 #ifndef QCOW2_LIB_FORMAT_ENTRIES_H_
 #define QCOW2_LIB_FORMAT_ENTRIES_H_

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The qcow2 header (cluster 0): fields, header extensions and the backing
 // file name, with the validation that runs before any other structure is
 // trusted. Layout: QEMU's docs/interop/qcow2.txt; summary in

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A File decorator that counts host calls for the I/O context
 // (lib/base/io_context.h), whatever File it decorates.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Default implementations of the optional File methods.
 #include <algorithm>
 #include <vector>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The I/O a request needs, worked out under the image's metadata lock and
 // carried out without it: reads (copy-on-write sources, guest reads), steps
 // to run once the reads are in (decompression), writes, and the metadata

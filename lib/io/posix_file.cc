@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // File over a POSIX file descriptor: pread/pwrite, fdatasync, fallocate.
 // With O_DIRECT, unaligned requests go through an aligned bounce buffer.
 #include <errno.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Internal: the POSIX File and helpers shared with the io_uring backend.
 #ifndef QCOW2_LIB_IO_POSIX_FILE_H_
 #define QCOW2_LIB_IO_POSIX_FILE_H_

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One image file of a backing chain, as the chain sees it: a virtual disk
 // whose ranges are either stored here (data, zero, compressed) or left to
 // the layer below (unallocated).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The guest-to-host cluster mapping of one qcow2 image: the L1 table (kept
 // in memory) and L2 tables (through a slice cache).
 #ifndef QCOW2_LIB_META_CLUSTER_MAP_H_

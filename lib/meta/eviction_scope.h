@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The scope in which a request's planning or commits record the metadata
 // write-outs they cause, for the request's executor (or Engine::Finish) to
 // write with no lock held.

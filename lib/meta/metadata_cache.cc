@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "lib/meta/metadata_cache.h"
 
 #include <algorithm>

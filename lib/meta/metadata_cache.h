@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A write-back LRU cache of fixed-size metadata pieces (L2 table slices or
 // refcount blocks) of one image file.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The host clusters of a writable qcow2 image that hold metadata: the
 // header, the L1 table, the L2 tables it names, the refcount table and the
 // refcount blocks it names. Guest data must never be written there, and the allocator must

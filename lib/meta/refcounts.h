@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Host cluster reference counts of one qcow2 image: the refcount table (in
 // memory, written through) and refcount blocks (through a write-back cache),
 // for every refcount width from 1 to 64 bits, plus cluster allocation.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "lib/meta/write_back_file.h"
 
 #include <algorithm>

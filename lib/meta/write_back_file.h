@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The file an image's metadata is written through, so that a flush's
 // metadata write-back runs without the image's lock.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The refcount checker. One check ("pass") follows QEMU 7.2's
 // qcow2_co_check_locked() phase by phase, so that counters, verdicts and
 // message lines agree with `qemu-img check`:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Refcount consistency check and repair of one qcow2 image: the equivalent
 // of `qemu-img check [-r leaks|all]`, with the same verdicts, counters and
 // message lines as QEMU 7.2.

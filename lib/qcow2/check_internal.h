@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Internal declarations shared by the refcount checker's translation units
 // (check.cc, check_scan.cc, check_repair.cc): constants, refcount entry
 // codecs, the expected/stored refcount containers and the Checker class.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The refcount checker's repairs (see check.cc for the overview):
 // allocation past the end of the file, rewriting the snapshot table,
 // rebuilding the refcount structure, and clearing the dirty/corrupt bits.

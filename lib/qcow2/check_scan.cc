@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The refcount checker's scanning phases (see check.cc for the overview):
 // reading the snapshot table, walking the header, L1/L2 tables, bitmaps
 // and refcount blocks to compute the expected refcounts, comparing them

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The read side of a qcow2 layer: maps guest ranges to extents through the
 // L1 and L2 tables (and pending clusters), checking every entry it meets,
 // and reads compressed clusters, decompressing each once.

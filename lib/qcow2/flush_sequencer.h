@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Puts a qcow2 layer's metadata on disk in crash-safe order
 // (docs/crash-consistency.md): flushes (L2 and refcount write-back, the L1
 // entries of new L2 tables after the tables, then the references those

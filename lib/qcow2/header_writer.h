@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Writes a qcow2 layer's header: its fixed fields, the flag changes of the
 // first write (autoclear bits, lazy refcounts' dirty bit) and of a clean
 // close, and the corrupt bit when the metadata turns out inconsistent.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The length of a writable qcow2 layer's file: grown ahead of allocation so
 // that writes into new clusters land inside it, and given back on Close.
 #ifndef QCOW2_LIB_QCOW2_HOST_SPACE_H_

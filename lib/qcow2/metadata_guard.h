@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Checks that keep a qcow2 layer from acting on inconsistent metadata: L2
 // entries are validated before any path uses them, and guest data is never
 // written over (nor a cluster freed from under) the image's own tables.

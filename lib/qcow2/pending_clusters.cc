@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Writes under a byte-range lock, and deferred copy-on-write: a small write
 // into a cluster the top does not own yet writes only its own bytes into a
 // new host cluster, and the cluster's L2 entry waits until writes have

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Writes under a byte-range lock, and deferred copy-on-write: the clusters
 // of a qcow2 layer that hold guest data in a new host cluster but wait for
 // their L2 entry ("pending"), and the rules that let a write hold only its

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A qcow2 image file as one layer of a chain: opens and validates it, and
 // owns the parts that do the work, each with one job:
 //  - Qcow2State: what they all share (file, header, tables, refcounts);

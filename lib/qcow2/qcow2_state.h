@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The state every part of a qcow2 layer shares: the image file, its header,
 // its tables and refcounts, and whether it may be written. Qcow2Layer owns
 // it; each part (ExtentReader, WritePlanner, PendingClusters, Zeroer,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Plans writes into a qcow2 layer: what to allocate (host clusters, L2
 // tables), what to copy from where (copy-on-write), what to write, and
 // which L2 entries to change once the data is written. The plan is made

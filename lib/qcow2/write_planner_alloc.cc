@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The write planner's allocations beyond one write's clusters: L2 tables
 // for writing (fresh, or private copies of shared ones), the release of
 // host clusters an entry lets go of, and preallocation of new images.

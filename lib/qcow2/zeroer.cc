@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Write-zeroes and discard for qcow2 layers: zero flags, zero subcluster
 // bitmaps, and releasing host clusters.
 #include "lib/qcow2/zeroer.h"

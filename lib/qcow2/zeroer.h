@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Write-zeroes and discard for a qcow2 layer: zero flags, zero subcluster
 // bitmaps, zero bytes where neither will do, and releasing host clusters.
 #ifndef QCOW2_LIB_QCOW2_ZEROER_H_

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "tests/util/harden_faults.h"
 
 #include <errno.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Error injection across every file of a chain, reads included.
 //
 // lib/io/fault_file.h counts the operations of one simulated disk (writes,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // SHA-256 (FIPS 180-4) for the hardening tests: proves that opening,
 // reading or checking a malformed image leaves its bytes alone.
 //

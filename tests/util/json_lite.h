@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A small JSON reader for the output of `qemu-img map/info/check
 // --output=json` (and anything else a test needs to parse).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Building test images with QEMU's own tools (qemu-img, qemu-io), so that the
 // oracle, not our library, decides what is on disk.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Helpers shared by the tests: temporary directories, running qemu-img and
 // friends, status assertions.
 #ifndef QCOW2_TESTS_UTIL_TEST_UTIL_H_
