@@ -40,7 +40,7 @@
 #include "absl/strings/str_join.h"
 #include "fuzz/fuzz_util.h"
 #include "testing/memory_file.h"
-#include "lib/qcow2/check.h"
+#include "lib/driver/check.h"
 #include "qcow2/image.h"
 #include "qcow2/options.h"
 

@@ -12,7 +12,7 @@
 #include "lib/engine/runner.h"
 #include "lib/io/io_plan.h"
 #include "lib/engine/request.h"
-#include "lib/qcow2/qcow2_layer.h"
+#include "lib/driver/qcow2_layer.h"
 #include "qcow2/file.h"
 #include "qcow2/image.h"
 #include "tests/util/test_util.h"

@@ -502,6 +502,29 @@ class VectorFile : public File {
   int flushes_ = 0;
 };
 
+// Close() writes what the caches still hold (an L2 slice, a refcount
+// block, the header) and truncates the file: GetStats() counts it, as it
+// counts a flush's writes.
+TEST(StatsTest, CloseCountsTheMetadataItWrites) {
+  TempDir dir;
+  const std::string path = dir.File("img.qcow2");
+  ASSERT_OK(CreateEmpty(path));
+  ASSERT_OK_AND_ASSIGN(auto image, Image::Open(path, ReadWrite()));
+  ASSERT_OK(image->Write(3 * kCluster, std::vector<uint8_t>(kCluster, 0x5a)));
+  const IoStats before = image->GetStats();
+  EXPECT_EQ(before.l2_write_bytes, 0u);  // still in the cache
+  ASSERT_OK(image->Close());
+  const IoStats s = image->GetStats().Since(before);
+  EXPECT_GT(s.l2_write_bytes, 0u);
+  EXPECT_GT(s.refcount_write_bytes, 0u);
+  EXPECT_GT(s.host_flushes, 0u);
+  EXPECT_EQ(s.guest_write_ops, 0u);
+  ASSERT_OK_AND_ASSIGN(auto all, testing::QemuCheckedReadAll(path));
+  for (uint64_t i = 0; i < kCluster; ++i) {
+    ASSERT_EQ(all[3 * kCluster + i], 0x5a) << "byte " << 3 * kCluster + i;
+  }
+}
+
 // Host calls are counted whoever implements the File: the library wraps
 // every layer's file (AccountedFile), so an embedder's store is counted
 // under the lock as the library's own files are.

@@ -14,7 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "lib/qcow2/check.h"
+#include "lib/driver/check.h"
 #include "qcow2/file.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"

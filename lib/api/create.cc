@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "lib/chain/chain.h"
 #include "lib/format/header.h"
-#include "lib/qcow2/qcow2_layer.h"
+#include "lib/driver/qcow2_layer.h"
 #include "lib/base/endian.h"
 #include "lib/base/math.h"
 #include "lib/base/status_macros.h"

@@ -13,7 +13,7 @@
 #include "lib/io/accounted_file.h"
 #include "lib/io/io_plan.h"
 #include "lib/format/header.h"
-#include "lib/qcow2/qcow2_layer.h"
+#include "lib/driver/qcow2_layer.h"
 #include "lib/base/endian.h"
 #include "lib/base/status_macros.h"
 

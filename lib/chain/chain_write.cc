@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "lib/chain/chain.h"
 #include "lib/io/accounted_file.h"
-#include "lib/qcow2/qcow2_layer.h"
+#include "lib/driver/qcow2_layer.h"
 #include "lib/base/status_macros.h"
 
 namespace qcow2::internal {
@@ -32,7 +32,7 @@ void Chain::ConnectBacking() {
   resolve_window_ = kMaxResolveWindow;
   for (int d = 1; d < length(); ++d) {
     if (auto* q = layers_[d]->AsQcow2()) {
-      const Geometry& g = q->geometry();
+      const Geometry& g = q->cluster_map().geometry();
       resolve_window_ = std::min(
           resolve_window_,
           std::max<uint64_t>(g.slice_entries << g.cluster_bits,

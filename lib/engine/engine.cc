@@ -10,7 +10,7 @@
 #include "lib/base/status_macros.h"
 #include "lib/meta/eviction_scope.h"
 #include "lib/meta/metadata_cache.h"
-#include "lib/qcow2/qcow2_layer.h"
+#include "lib/driver/qcow2_layer.h"
 
 namespace qcow2::internal {
 
@@ -20,7 +20,7 @@ namespace {
 // units of PendingClusters::kFineLockBits (a raw top has no clusters: 64 KiB).
 void SetLockGeometry(Chain* chain, RangeLockTable* locks) {
   const Qcow2Layer* top = chain->top_qcow2();
-  const uint32_t cbits = top != nullptr ? top->geometry().cluster_bits : 16;
+  const uint32_t cbits = top != nullptr ? top->header().cluster_bits : 16;
   locks->SetGeometry(cbits, std::min(cbits, PendingClusters::kFineLockBits));
 }
 
@@ -235,6 +235,7 @@ void Engine::FinishLocked(Request* r) {
 
 absl::Status Engine::CreateOverlay(const std::string& path,
                                    const CreateOptions& opts) {
+  CountedCall counted(&stats_);
   EngineLock lock(&mu_);
   RETURN_IF_ERROR(chain_->CreateOverlay(path, opts));
   // The new top's clusters may differ: no request holds a range now (a

@@ -85,11 +85,13 @@ absl::StatusOr<BlockStatus> Engine::GetBlockStatus(uint64_t offset,
 }
 
 absl::Status Engine::Resize(uint64_t new_size) {
+  CountedCall counted(&stats_);
   EngineLock lock(&mu_);
   return chain_->Resize(new_size);
 }
 
 absl::Status Engine::Close() {
+  CountedCall counted(&stats_);
   EngineLock lock(&mu_);
   return chain_->Close();
 }

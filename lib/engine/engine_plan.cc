@@ -7,7 +7,7 @@
 #include "lib/engine/engine.h"
 #include "lib/meta/eviction_scope.h"
 #include "lib/meta/metadata_cache.h"
-#include "lib/qcow2/qcow2_layer.h"
+#include "lib/driver/qcow2_layer.h"
 
 namespace qcow2::internal {
 

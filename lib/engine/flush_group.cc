@@ -3,7 +3,7 @@
 
 #include "lib/base/events.h"
 #include "lib/base/io_context.h"
-#include "lib/qcow2/qcow2_layer.h"
+#include "lib/driver/qcow2_layer.h"
 
 namespace qcow2::internal {
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "lib/base/io_context.h"
 #include "lib/base/mutex.h"
 #include "qcow2/stats.h"
 
@@ -32,6 +33,24 @@ class StatsRegistry {
   mutable Mutex mu_;
   std::vector<Source*> sources_ ABSL_GUARDED_BY(mu_);
   IoStats retired_ ABSL_GUARDED_BY(mu_);
+};
+
+// Counts the host I/O this thread makes during a call that is not a
+// request (Close, Resize, CreateOverlay: metadata written back, the
+// header, a truncate) and adds it to `registry` when it ends, so that
+// GetStats() sees it.
+class CountedCall {
+ public:
+  explicit CountedCall(StatsRegistry* registry)
+      : registry_(registry), scope_(&stats_) {}
+  ~CountedCall() { registry_->Retire(stats_); }
+  CountedCall(const CountedCall&) = delete;
+  CountedCall& operator=(const CountedCall&) = delete;
+
+ private:
+  StatsRegistry* const registry_;
+  IoStats stats_;
+  StatsScope scope_;
 };
 
 }  // namespace qcow2::internal

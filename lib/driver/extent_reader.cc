@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "lib/qcow2/extent_reader.h"
+#include "lib/driver/extent_reader.h"
 
 #include <algorithm>
 #include <cstring>
@@ -10,7 +10,7 @@
 #include "lib/base/status_macros.h"
 #include "lib/format/compress.h"
 #include "lib/format/entries.h"
-#include "lib/qcow2/pending_clusters.h"
+#include "lib/driver/pending_clusters.h"
 
 namespace qcow2::internal {
 

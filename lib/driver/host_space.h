@@ -1,15 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 // The length of a writable qcow2 layer's file: grown ahead of allocation so
 // that writes into new clusters land inside it, and given back on Close.
-#ifndef QCOW2_LIB_QCOW2_HOST_SPACE_H_
-#define QCOW2_LIB_QCOW2_HOST_SPACE_H_
+#ifndef QCOW2_LIB_DRIVER_HOST_SPACE_H_
+#define QCOW2_LIB_DRIVER_HOST_SPACE_H_
 
 #include <algorithm>
 #include <cstdint>
 
 #include "absl/status/status.h"
 #include "lib/io/io_plan.h"
-#include "lib/qcow2/qcow2_state.h"
+#include "lib/driver/qcow2_state.h"
 
 namespace qcow2::internal {
 
@@ -67,4 +67,4 @@ class HostSpace {
 
 }  // namespace qcow2::internal
 
-#endif  // QCOW2_LIB_QCOW2_HOST_SPACE_H_
+#endif  // QCOW2_LIB_DRIVER_HOST_SPACE_H_

@@ -3,7 +3,7 @@
 // where (copy-on-write), what to write, and which L2 entries to change once
 // the data is written. The plan is made under the image's metadata lock;
 // its I/O runs without it (lib/engine).
-#include "lib/qcow2/write_planner.h"
+#include "lib/driver/write_planner.h"
 
 #include <algorithm>
 #include <cstring>
@@ -16,12 +16,12 @@
 #include "lib/base/status_macros.h"
 #include "lib/format/entries.h"
 #include "lib/meta/metadata_cache.h"
-#include "lib/qcow2/extent_reader.h"
-#include "lib/qcow2/flush_sequencer.h"
-#include "lib/qcow2/header_writer.h"
-#include "lib/qcow2/host_space.h"
-#include "lib/qcow2/metadata_guard.h"
-#include "lib/qcow2/pending_clusters.h"
+#include "lib/driver/extent_reader.h"
+#include "lib/driver/flush_sequencer.h"
+#include "lib/driver/header_writer.h"
+#include "lib/driver/host_space.h"
+#include "lib/driver/metadata_guard.h"
+#include "lib/driver/pending_clusters.h"
 
 namespace qcow2::internal {
 

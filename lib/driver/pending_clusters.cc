@@ -4,7 +4,7 @@
 // new host cluster, and the cluster's L2 entry waits until writes have
 // covered it or a flush fills the rest from the chain below
 // (pending_clusters.h).
-#include "lib/qcow2/pending_clusters.h"
+#include "lib/driver/pending_clusters.h"
 
 #include <algorithm>
 #include <bit>
@@ -16,12 +16,12 @@
 #include "lib/base/math.h"
 #include "lib/base/status_macros.h"
 #include "lib/format/entries.h"
-#include "lib/qcow2/extent_reader.h"
-#include "lib/qcow2/flush_sequencer.h"
-#include "lib/qcow2/header_writer.h"
-#include "lib/qcow2/host_space.h"
-#include "lib/qcow2/metadata_guard.h"
-#include "lib/qcow2/write_planner.h"
+#include "lib/driver/extent_reader.h"
+#include "lib/driver/flush_sequencer.h"
+#include "lib/driver/header_writer.h"
+#include "lib/driver/host_space.h"
+#include "lib/driver/metadata_guard.h"
+#include "lib/driver/write_planner.h"
 
 namespace qcow2::internal {
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "lib/qcow2/header_writer.h"
+#include "lib/driver/header_writer.h"
 
 #include <vector>
 

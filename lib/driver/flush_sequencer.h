@@ -3,8 +3,8 @@
 // (docs/crash-consistency.md): flushes (L2 and refcount write-back, the L1
 // entries of new L2 tables after the tables, then the references those
 // entries let go of), and the switch to a larger L1 table on Grow.
-#ifndef QCOW2_LIB_QCOW2_FLUSH_SEQUENCER_H_
-#define QCOW2_LIB_QCOW2_FLUSH_SEQUENCER_H_
+#ifndef QCOW2_LIB_DRIVER_FLUSH_SEQUENCER_H_
+#define QCOW2_LIB_DRIVER_FLUSH_SEQUENCER_H_
 
 #include <cstdint>
 #include <utility>
@@ -13,8 +13,8 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "lib/qcow2/header_writer.h"
-#include "lib/qcow2/qcow2_state.h"
+#include "lib/driver/header_writer.h"
+#include "lib/driver/qcow2_state.h"
 
 namespace qcow2::internal {
 
@@ -109,4 +109,4 @@ class FlushSequencer {
 
 }  // namespace qcow2::internal
 
-#endif  // QCOW2_LIB_QCOW2_FLUSH_SEQUENCER_H_
+#endif  // QCOW2_LIB_DRIVER_FLUSH_SEQUENCER_H_

@@ -2,13 +2,13 @@
 // Checks that keep a qcow2 layer from acting on inconsistent metadata: L2
 // entries are validated before any path uses them, and guest data is never
 // written over (nor a cluster freed from under) the image's own tables.
-#ifndef QCOW2_LIB_QCOW2_METADATA_GUARD_H_
-#define QCOW2_LIB_QCOW2_METADATA_GUARD_H_
+#ifndef QCOW2_LIB_DRIVER_METADATA_GUARD_H_
+#define QCOW2_LIB_DRIVER_METADATA_GUARD_H_
 
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "lib/qcow2/qcow2_state.h"
+#include "lib/driver/qcow2_state.h"
 
 namespace qcow2::internal {
 
@@ -49,4 +49,4 @@ class MetadataGuard {
 
 }  // namespace qcow2::internal
 
-#endif  // QCOW2_LIB_QCOW2_METADATA_GUARD_H_
+#endif  // QCOW2_LIB_DRIVER_METADATA_GUARD_H_

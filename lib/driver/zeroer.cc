@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Write-zeroes and discard for qcow2 layers: zero flags, zero subcluster
 // bitmaps, and releasing host clusters.
-#include "lib/qcow2/zeroer.h"
+#include "lib/driver/zeroer.h"
 
 #include <algorithm>
 #include <cstring>
@@ -11,12 +11,12 @@
 #include "lib/base/status_macros.h"
 #include "lib/format/entries.h"
 #include "lib/meta/metadata_cache.h"
-#include "lib/qcow2/extent_reader.h"
-#include "lib/qcow2/header_writer.h"
-#include "lib/qcow2/host_space.h"
-#include "lib/qcow2/metadata_guard.h"
-#include "lib/qcow2/pending_clusters.h"
-#include "lib/qcow2/write_planner.h"
+#include "lib/driver/extent_reader.h"
+#include "lib/driver/header_writer.h"
+#include "lib/driver/host_space.h"
+#include "lib/driver/metadata_guard.h"
+#include "lib/driver/pending_clusters.h"
+#include "lib/driver/write_planner.h"
 
 namespace qcow2::internal {
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "lib/qcow2/qcow2_layer.h"
+#include "lib/driver/qcow2_layer.h"
 
 #include <algorithm>
 #include <utility>
@@ -11,7 +11,7 @@
 #include "lib/base/math.h"
 #include "lib/base/status_macros.h"
 #include "lib/format/entries.h"
-#include "lib/qcow2/check.h"
+#include "lib/driver/check.h"
 
 namespace qcow2::internal {
 

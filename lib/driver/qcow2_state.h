@@ -3,8 +3,8 @@
 // its tables and refcounts, and whether it may be written. Qcow2Layer owns
 // it; each part (ExtentReader, WritePlanner, PendingClusters, Zeroer,
 // FlushSequencer, HostSpace, HeaderWriter, MetadataGuard) holds a pointer.
-#ifndef QCOW2_LIB_QCOW2_QCOW2_STATE_H_
-#define QCOW2_LIB_QCOW2_QCOW2_STATE_H_
+#ifndef QCOW2_LIB_DRIVER_QCOW2_STATE_H_
+#define QCOW2_LIB_DRIVER_QCOW2_STATE_H_
 
 #include <cstdint>
 #include <memory>
@@ -55,4 +55,4 @@ struct Qcow2State {
 
 }  // namespace qcow2::internal
 
-#endif  // QCOW2_LIB_QCOW2_QCOW2_STATE_H_
+#endif  // QCOW2_LIB_DRIVER_QCOW2_STATE_H_

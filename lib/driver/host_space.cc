@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "lib/qcow2/host_space.h"
+#include "lib/driver/host_space.h"
 
 #include <algorithm>
 

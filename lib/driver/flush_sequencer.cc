@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "lib/qcow2/flush_sequencer.h"
+#include "lib/driver/flush_sequencer.h"
 
 #include <algorithm>
 
@@ -10,7 +10,7 @@
 #include "lib/base/math.h"
 #include "lib/base/status_macros.h"
 #include "lib/format/entries.h"
-#include "lib/qcow2/pending_clusters.h"
+#include "lib/driver/pending_clusters.h"
 
 namespace qcow2::internal {
 

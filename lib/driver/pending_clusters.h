@@ -34,8 +34,8 @@
 // under the lock and its executor carries it out without it; while it
 // does, the cluster is *filling* and writes into it need the whole
 // cluster, which the flush holds in the lock list (Chain::PlanFill).
-#ifndef QCOW2_LIB_QCOW2_PENDING_CLUSTERS_H_
-#define QCOW2_LIB_QCOW2_PENDING_CLUSTERS_H_
+#ifndef QCOW2_LIB_DRIVER_PENDING_CLUSTERS_H_
+#define QCOW2_LIB_DRIVER_PENDING_CLUSTERS_H_
 
 #include <array>
 #include <cstddef>
@@ -49,7 +49,7 @@
 #include "lib/io/io_plan.h"
 #include "lib/layer/layer.h"
 #include "lib/meta/cluster_map.h"
-#include "lib/qcow2/qcow2_state.h"
+#include "lib/driver/qcow2_state.h"
 
 namespace qcow2::internal {
 
@@ -194,4 +194,4 @@ class PendingClusters {
 
 }  // namespace qcow2::internal
 
-#endif  // QCOW2_LIB_QCOW2_PENDING_CLUSTERS_H_
+#endif  // QCOW2_LIB_DRIVER_PENDING_CLUSTERS_H_

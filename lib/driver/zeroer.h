@@ -1,15 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 // Write-zeroes and discard for a qcow2 layer: zero flags, zero subcluster
 // bitmaps, zero bytes where neither will do, and releasing host clusters.
-#ifndef QCOW2_LIB_QCOW2_ZEROER_H_
-#define QCOW2_LIB_QCOW2_ZEROER_H_
+#ifndef QCOW2_LIB_DRIVER_ZEROER_H_
+#define QCOW2_LIB_DRIVER_ZEROER_H_
 
 #include <cstdint>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "lib/io/io_plan.h"
-#include "lib/qcow2/qcow2_state.h"
+#include "lib/driver/qcow2_state.h"
 
 namespace qcow2::internal {
 
@@ -87,4 +87,4 @@ class Zeroer {
 
 }  // namespace qcow2::internal
 
-#endif  // QCOW2_LIB_QCOW2_ZEROER_H_
+#endif  // QCOW2_LIB_DRIVER_ZEROER_H_

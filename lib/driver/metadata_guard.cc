@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "lib/qcow2/metadata_guard.h"
+#include "lib/driver/metadata_guard.h"
 
 #include <algorithm>
 #include <string>

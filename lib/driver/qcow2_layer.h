@@ -10,8 +10,8 @@
 //  - FlushSequencer: crash-safe order of metadata writes, flushes, Grow;
 //  - HostSpace: the file's length (grown ahead, given back on Close);
 //  - HeaderWriter: header fields, dirty and corrupt bits.
-#ifndef QCOW2_LIB_QCOW2_QCOW2_LAYER_H_
-#define QCOW2_LIB_QCOW2_QCOW2_LAYER_H_
+#ifndef QCOW2_LIB_DRIVER_QCOW2_LAYER_H_
+#define QCOW2_LIB_DRIVER_QCOW2_LAYER_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -29,15 +29,15 @@
 #include "lib/meta/cluster_map.h"
 #include "lib/meta/refcounts.h"
 #include "lib/meta/write_back_file.h"
-#include "lib/qcow2/extent_reader.h"
-#include "lib/qcow2/flush_sequencer.h"
-#include "lib/qcow2/header_writer.h"
-#include "lib/qcow2/host_space.h"
-#include "lib/qcow2/metadata_guard.h"
-#include "lib/qcow2/pending_clusters.h"
-#include "lib/qcow2/qcow2_state.h"
-#include "lib/qcow2/write_planner.h"
-#include "lib/qcow2/zeroer.h"
+#include "lib/driver/extent_reader.h"
+#include "lib/driver/flush_sequencer.h"
+#include "lib/driver/header_writer.h"
+#include "lib/driver/host_space.h"
+#include "lib/driver/metadata_guard.h"
+#include "lib/driver/pending_clusters.h"
+#include "lib/driver/qcow2_state.h"
+#include "lib/driver/write_planner.h"
+#include "lib/driver/zeroer.h"
 #include "qcow2/options.h"
 
 namespace qcow2::internal {
@@ -77,7 +77,6 @@ class Qcow2Layer : public Layer {
 
   // --- The shared state.
   const Header& header() const { return state_.header; }
-  const Geometry& geometry() const { return state_.geometry(); }
   ClusterMap& cluster_map() { return *state_.map; }
   // Null unless opened writable.
   Refcounts* refcounts() { return state_.refcounts.get(); }
@@ -128,4 +127,4 @@ class Qcow2Layer : public Layer {
 
 }  // namespace qcow2::internal
 
-#endif  // QCOW2_LIB_QCOW2_QCOW2_LAYER_H_
+#endif  // QCOW2_LIB_DRIVER_QCOW2_LAYER_H_

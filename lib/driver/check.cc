@@ -3,15 +3,17 @@
 // qcow2_co_check_locked() phase by phase, so that counters, verdicts and
 // message lines agree with `qemu-img check`:
 //
-//   1. read the snapshot table (a broken one stops the check);
-//   2. Calculate(): recompute the expected refcount of every host cluster,
+//   1. SnapshotTableCheck::Read(): the snapshot table (a broken one stops the
+//   check);
+//   2. ReferenceScan::Calculate(): recompute the expected refcount of every
+//   host cluster,
 //      checking L1/L2 entries and refcount table entries on the way;
 //   3. Compare(): expected against stored refcounts (first without fixing,
 //      to print and count; then, when repairing, again with fixes);
 //   4. when the refcount structure is unusable and -r all: Rebuild() a new
 //      one past the end of the file, switch the header, then recount;
 //   5. CheckCopied(): the COPIED flag of active L1 and L2 entries;
-//   6. FixSnapshotTable(): with -r all, a snapshot table whose entries
+//   6. SnapshotTableCheck::Fix(): with -r all, a snapshot table whose entries
 //      needed repair is written anew at the end of the file;
 //   7. after a successful repair, clear the dirty and corrupt bits.
 //
@@ -21,7 +23,7 @@
 // header write is flushed before anything else happens; old structures
 // are released last. A power cut at any point leaves an image that reads
 // the same and that a later repair finishes.
-#include "lib/qcow2/check.h"
+#include "lib/driver/check.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -33,35 +35,35 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "lib/format/entries.h"
-#include "lib/format/header.h"
 #include "lib/base/endian.h"
 #include "lib/base/math.h"
 #include "lib/base/status_macros.h"
-#include "lib/qcow2/check_internal.h"
+#include "lib/driver/check_internal.h"
+#include "lib/format/entries.h"
+#include "lib/format/header.h"
 
 namespace qcow2::internal {
 namespace check_detail {
 
-void Checker::Msg(CheckResult* res, std::string line) {
+void CheckState::Msg(CheckResult* res, std::string line) {
   if (res->messages.size() < kMaxMessages) {
     res->messages.push_back(std::move(line));
   } else {
-    ++suppressed_;
+    ++suppressed;
   }
 }
 
 absl::Status Checker::LoadRefTable() {
-  std::vector<uint8_t> raw(uint64_t{h_.refcount_table_clusters} << cb_);
-  RETURN_IF_ERROR(file_->ReadAt(h_.refcount_table_offset, absl::MakeSpan(raw)));
+  std::vector<uint8_t> raw(uint64_t{s_.h.refcount_table_clusters} << s_.cb);
+  RETURN_IF_ERROR(
+      s_.file->ReadAt(s_.h.refcount_table_offset, absl::MakeSpan(raw)));
   std::vector<uint64_t> table(raw.size() / 8);
   for (size_t i = 0; i < table.size(); ++i) table[i] = LoadBE64(&raw[i * 8]);
-  stored_.set_table(std::move(table));
+  s_.stored.set_table(std::move(table));
   return absl::OkStatus();
 }
 
-// --- The whole check
-// -----------------------------------------------------------
+// --- The whole check ------------------------------------------------------
 
 namespace {
 
@@ -98,8 +100,8 @@ void MoveMessages(CheckResult* from, CheckResult* to) {
 
 absl::Status Checker::CheckRefcounts(RepairMode fix, CheckResult* res) {
   bool rebuild = false;
-  RETURN_IF_ERROR(Calculate(fix, true, res, &rebuild));
-  ReportOverlaps(res);
+  RETURN_IF_ERROR(scan_.Calculate(fix, true, res, &rebuild));
+  scan_.ReportOverlaps(res);
   // When repairing without a rebuild, Compare() runs a second time with
   // fixes, from these counters.
   CheckResult pre;
@@ -110,7 +112,7 @@ absl::Status Checker::CheckRefcounts(RepairMode fix, CheckResult* res) {
   if (rebuild && fix == RepairMode::kAll) {
     CheckResult old;
     CopyCounters(*res, &old);
-    Msg(res, "Rebuilding refcount structure");
+    s_.Msg(res, "Rebuilding refcount structure");
     RETURN_IF_ERROR(Rebuild(res));
     // Count again against the new structure; leaks it shows are fixed
     // silently (and not counted), like QEMU.
@@ -118,12 +120,13 @@ absl::Status Checker::CheckRefcounts(RepairMode fix, CheckResult* res) {
     res->allocated_clusters = res->fragmented_clusters = 0;
     res->compressed_clusters = 0;
     rebuild = false;
-    RETURN_IF_ERROR(Calculate(RepairMode::kNone, true, res, &rebuild));
+    RETURN_IF_ERROR(scan_.Calculate(RepairMode::kNone, true, res, &rebuild));
     CheckResult saved;
     CopyCounters(*res, &saved);
     CopyCounters(CheckResult(), res);
     RETURN_IF_ERROR(Compare(res, RepairMode::kLeaks, &rebuild, &highest));
-    if (rebuild) Msg(res, "ERROR rebuilt refcount structure is still broken");
+    if (rebuild)
+      s_.Msg(res, "ERROR rebuilt refcount structure is still broken");
     const uint64_t fresh_leaks = res->leaks;
     CopyCounters(saved, res);
     if (res->corruptions < old.corruptions) {
@@ -133,7 +136,7 @@ absl::Status Checker::CheckRefcounts(RepairMode fix, CheckResult* res) {
     res->leaks += fresh_leaks;
   } else if (fix != RepairMode::kNone) {
     if (rebuild) {
-      Msg(res, "ERROR need to rebuild refcount structures");
+      s_.Msg(res, "ERROR need to rebuild refcount structures");
       ++res->check_errors;
       return Eio();
     }
@@ -144,19 +147,19 @@ absl::Status Checker::CheckRefcounts(RepairMode fix, CheckResult* res) {
   }
 
   RETURN_IF_ERROR(CheckCopied(res, fix));
-  res->image_end_offset = (highest + 1) << cb_;
+  res->image_end_offset = (highest + 1) << s_.cb;
   return absl::OkStatus();
 }
 
 absl::Status Checker::Run(RepairMode fix, CheckResult* res) {
-  res->total_clusters = DivRoundUp(AlignUp(h_.size, 512), cs_);
+  res->total_clusters = DivRoundUp(AlignUp(s_.h.size, 512), s_.cs);
   CheckResult snap;
-  absl::Status st = ReadSnapshotTable(&snap, fix);
+  absl::Status st = snapshot_table_.Read(&snap, fix);
   MoveMessages(&snap, res);
   if (st.ok()) {
     st = CheckRefcounts(fix, res);
     if (st.ok()) {
-      st = FixSnapshotTable(&snap, *res, fix);
+      st = snapshot_table_.Fix(&snap, *res, fix);
       MoveMessages(&snap, res);
     }
   }
@@ -165,9 +168,9 @@ absl::Status Checker::Run(RepairMode fix, CheckResult* res) {
       res->corruptions == 0) {
     st = MarkCleanAndConsistent();
   }
-  if (suppressed_ > 0) {
+  if (s_.suppressed > 0) {
     res->messages.push_back(
-        absl::StrCat("(", suppressed_, " more lines not shown)"));
+        absl::StrCat("(", s_.suppressed, " more lines not shown)"));
   }
   return st;
 }

@@ -2,13 +2,13 @@
 // Writes a qcow2 layer's header: its fixed fields, the flag changes of the
 // first write (autoclear bits, lazy refcounts' dirty bit) and of a clean
 // close, and the corrupt bit when the metadata turns out inconsistent.
-#ifndef QCOW2_LIB_QCOW2_HEADER_WRITER_H_
-#define QCOW2_LIB_QCOW2_HEADER_WRITER_H_
+#ifndef QCOW2_LIB_DRIVER_HEADER_WRITER_H_
+#define QCOW2_LIB_DRIVER_HEADER_WRITER_H_
 
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "lib/qcow2/qcow2_state.h"
+#include "lib/driver/qcow2_state.h"
 
 namespace qcow2::internal {
 
@@ -49,4 +49,4 @@ class HeaderWriter {
 
 }  // namespace qcow2::internal
 
-#endif  // QCOW2_LIB_QCOW2_HEADER_WRITER_H_
+#endif  // QCOW2_LIB_DRIVER_HEADER_WRITER_H_

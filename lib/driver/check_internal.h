@@ -3,8 +3,8 @@
 // (check.cc, check_scan.cc, check_repair.cc): constants, refcount entry
 // codecs, the expected/stored refcount containers and the Checker class.
 // Not part of the library API; see check.h.
-#ifndef QCOW2_LIB_QCOW2_CHECK_INTERNAL_H_
-#define QCOW2_LIB_QCOW2_CHECK_INTERNAL_H_
+#ifndef QCOW2_LIB_DRIVER_CHECK_INTERNAL_H_
+#define QCOW2_LIB_DRIVER_CHECK_INTERNAL_H_
 
 #include <algorithm>
 #include <cstdint>
@@ -19,15 +19,14 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "lib/format/entries.h"
-#include "lib/format/header.h"
-#include "lib/qcow2/check.h"
 #include "lib/base/endian.h"
 #include "lib/base/math.h"
 #include "lib/base/status_macros.h"
+#include "lib/driver/check.h"
+#include "lib/format/entries.h"
+#include "lib/format/header.h"
 
 namespace qcow2::internal::check_detail {
-
 
 // Field offsets in the header that repairs rewrite.
 constexpr uint64_t kHeaderRefTableOffset = 48;  // u64 offset, u32 clusters
@@ -110,7 +109,8 @@ inline uint64_t ReadRefcount(const uint8_t* block, uint32_t order, uint64_t i) {
   }
 }
 
-inline void WriteRefcount(uint8_t* block, uint32_t order, uint64_t i, uint64_t v) {
+inline void WriteRefcount(uint8_t* block, uint32_t order, uint64_t i,
+                          uint64_t v) {
   switch (order) {
     case 0:
     case 1:
@@ -303,40 +303,86 @@ struct MetaUse {
 
 // Internal errors that stop a check carry QEMU's strerror() text.
 inline absl::Status Eio() { return absl::DataLossError("Input/output error"); }
-inline absl::Status Einval() { return absl::InvalidArgumentError("Invalid argument"); }
+inline absl::Status Einval() {
+  return absl::InvalidArgumentError("Invalid argument");
+}
 inline absl::Status Efbig() { return absl::OutOfRangeError("File too large"); }
 
-// One check (with or without repairs) of one image.
-class Checker {
- public:
-  Checker(File* file, Header h, uint64_t file_size)
-      : file_(file),
-        h_(std::move(h)),
-        cb_(h_.cluster_bits),
-        cs_(h_.cluster_size()),
-        max_refcount_(
-            h_.refcount_order == 6 ? ~0ull : (1ull << h_.refcount_bits()) - 1),
-        file_size_(file_size),
-        stored_(file, h_.cluster_bits, h_.refcount_order) {}
+// What the phases of one check share: the file, its header (whose
+// refcount table fields change when the structure is rebuilt), the stored
+// and the expected refcounts, and the messages.
+struct CheckState {
+  CheckState(File* f, Header header, uint64_t size)
+      : file(f),
+        h(std::move(header)),
+        cb(h.cluster_bits),
+        cs(h.cluster_size()),
+        max_refcount(h.refcount_order == 6 ? ~0ull
+                                           : (1ull << h.refcount_bits()) - 1),
+        file_size(size),
+        stored(f, h.cluster_bits, h.refcount_order) {}
 
-  // Reads the refcount table.
-  absl::Status LoadRefTable();
-  // Runs the check; `res` holds what was found even when it stops early.
-  absl::Status Run(RepairMode fix, CheckResult* res);
-
- private:
+  // Adds a message line, or counts it once kMaxMessages are kept.
   void Msg(CheckResult* res, std::string line);
-  // QEMU keeps the snapshot table's counters apart from the refcount
-  // check's (they decide different repairs); `snap` receives them.
-  absl::Status ReadSnapshotTable(CheckResult* snap, RepairMode fix);
-  absl::Status FixSnapshotTable(CheckResult* snap, const CheckResult& refs,
-                                RepairMode fix);
-  absl::Status WriteSnapshotTable();
+  // Allocates `n` clusters past the end of the file and everything
+  // counted, with refcount 1 written in place (creating refcount blocks
+  // that describe themselves where needed). REQUIRES: the refcounts are
+  // consistent.
   absl::StatusOr<uint64_t> AllocateAtEnd(uint64_t n);
 
-  // Phase 2.
+  File* const file;
+  Header h;
+  const uint32_t cb;
+  const uint64_t cs;
+  const uint64_t max_refcount;
+  uint64_t file_size;
+  StoredRefcounts stored;
+  ExpectedRefcounts expected;
+  // Metadata clusters found by the last Calculate().
+  absl::flat_hash_map<uint64_t, MetaUse> meta;
+  // References of the last Calculate() that lie past the end of the file
+  // (first and last cluster), which Rebuild() must stay clear of.
+  std::vector<std::pair<uint64_t, uint64_t>> rejected;
+  bool rejected_overflow = false;
+  size_t suppressed = 0;
+};
+
+// Phases 1 and 6: the snapshot table, read and checked first (a broken
+// one stops the check), written anew at the end when -r all repaired one
+// of its entries.
+class SnapshotTableCheck {
+ public:
+  explicit SnapshotTableCheck(CheckState* s) : s_(*s) {}
+  // QEMU keeps the snapshot table's counters apart from the refcount
+  // check's (they decide different repairs); `snap` receives them.
+  absl::Status Read(CheckResult* snap, RepairMode fix);
+  absl::Status Fix(CheckResult* snap, const CheckResult& refs, RepairMode fix);
+
+  const std::vector<Snapshot>& snapshots() const { return snapshots_; }
+  // Bytes of the table as stored (what its clusters hold).
+  uint64_t size_bytes() const { return snapshots_size_; }
+
+ private:
+  absl::Status Write();
+
+  CheckState& s_;
+  std::vector<Snapshot> snapshots_;
+  uint64_t snapshots_size_ = 0;
+};
+
+// Phase 2: recomputes the expected refcount of every host cluster from
+// the header, the L1/L2 tables (active and snapshots'), the bitmaps and
+// the refcount structure, checking their entries on the way.
+class ReferenceScan {
+ public:
+  ReferenceScan(CheckState* s, const SnapshotTableCheck* table)
+      : s_(*s), table_(*table) {}
   absl::Status Calculate(RepairMode fix, bool refcount_structures,
                          CheckResult* res, bool* rebuild);
+  // Clusters referenced as two kinds of metadata at once.
+  void ReportOverlaps(CheckResult* res);
+
+ private:
   absl::Status Inc(CheckResult* res, uint64_t offset, uint64_t size,
                    uint32_t meta_kind = 0);
   absl::Status CheckL1(CheckResult* res, uint64_t l1_offset, uint32_t l1_size,
@@ -347,9 +393,26 @@ class Checker {
                                    std::vector<uint8_t>* table, uint64_t i);
   absl::Status CheckBitmaps(CheckResult* res);
   void CheckRefblocks(CheckResult* res, RepairMode fix, bool* rebuild);
-  void ReportOverlaps(CheckResult* res);
 
-  // Phases 3 to 6.
+  CheckState& s_;
+  const SnapshotTableCheck& table_;
+};
+
+// One check (with or without repairs) of one image: runs the phases.
+class Checker {
+ public:
+  Checker(File* file, Header h, uint64_t file_size)
+      : s_(file, std::move(h), file_size),
+        snapshot_table_(&s_),
+        scan_(&s_, &snapshot_table_) {}
+
+  // Reads the refcount table.
+  absl::Status LoadRefTable();
+  // Runs the check; `res` holds what was found even when it stops early.
+  absl::Status Run(RepairMode fix, CheckResult* res);
+
+ private:
+  // Phases 3 to 7.
   absl::Status Compare(CheckResult* res, RepairMode fix, bool* rebuild,
                        uint64_t* highest);
   absl::Status CheckRefcounts(RepairMode fix, CheckResult* res);
@@ -357,25 +420,11 @@ class Checker {
   absl::Status CheckCopied(CheckResult* res, RepairMode fix);
   absl::Status MarkCleanAndConsistent();
 
-  File* const file_;
-  Header h_;  // the refcount table fields change when rebuilding
-  const uint32_t cb_;
-  const uint64_t cs_;
-  const uint64_t max_refcount_;
-  uint64_t file_size_;
-  StoredRefcounts stored_;
-  std::vector<Snapshot> snapshots_;
-  uint64_t snapshots_size_ = 0;
-  ExpectedRefcounts expected_;
-  // Metadata clusters found by the last Calculate().
-  absl::flat_hash_map<uint64_t, MetaUse> meta_;
-  // References of the last Calculate() that lie past the end of the file
-  // (first and last cluster), which Rebuild() must stay clear of.
-  std::vector<std::pair<uint64_t, uint64_t>> rejected_;
-  bool rejected_overflow_ = false;
-  size_t suppressed_ = 0;
+  CheckState s_;
+  SnapshotTableCheck snapshot_table_;
+  ReferenceScan scan_;
 };
 
 }  // namespace qcow2::internal::check_detail
 
-#endif  // QCOW2_LIB_QCOW2_CHECK_INTERNAL_H_
+#endif  // QCOW2_LIB_DRIVER_CHECK_INTERNAL_H_

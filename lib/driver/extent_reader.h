@@ -2,8 +2,8 @@
 // The read side of a qcow2 layer: maps guest ranges to extents through the
 // L1 and L2 tables (and pending clusters), checking every entry it meets,
 // and reads compressed clusters, decompressing each once.
-#ifndef QCOW2_LIB_QCOW2_EXTENT_READER_H_
-#define QCOW2_LIB_QCOW2_EXTENT_READER_H_
+#ifndef QCOW2_LIB_DRIVER_EXTENT_READER_H_
+#define QCOW2_LIB_DRIVER_EXTENT_READER_H_
 
 #include <cstdint>
 #include <vector>
@@ -14,8 +14,8 @@
 #include "lib/io/io_plan.h"
 #include "lib/layer/layer.h"
 #include "lib/meta/cluster_map.h"
-#include "lib/qcow2/metadata_guard.h"
-#include "lib/qcow2/qcow2_state.h"
+#include "lib/driver/metadata_guard.h"
+#include "lib/driver/qcow2_state.h"
 
 namespace qcow2::internal {
 
@@ -68,4 +68,4 @@ class ExtentReader {
 
 }  // namespace qcow2::internal
 
-#endif  // QCOW2_LIB_QCOW2_EXTENT_READER_H_
+#endif  // QCOW2_LIB_DRIVER_EXTENT_READER_H_

@@ -3,8 +3,8 @@
 // tables), what to copy from where (copy-on-write), what to write, and
 // which L2 entries to change once the data is written. The plan is made
 // under the image's metadata lock; its I/O runs without it (lib/engine).
-#ifndef QCOW2_LIB_QCOW2_WRITE_PLANNER_H_
-#define QCOW2_LIB_QCOW2_WRITE_PLANNER_H_
+#ifndef QCOW2_LIB_DRIVER_WRITE_PLANNER_H_
+#define QCOW2_LIB_DRIVER_WRITE_PLANNER_H_
 
 #include <cstdint>
 #include <functional>
@@ -15,7 +15,7 @@
 #include "absl/types/span.h"
 #include "lib/io/io_plan.h"
 #include "lib/meta/cluster_map.h"
-#include "lib/qcow2/qcow2_state.h"
+#include "lib/driver/qcow2_state.h"
 #include "qcow2/options.h"
 
 namespace qcow2::internal {
@@ -149,4 +149,4 @@ class WritePlanner {
 
 }  // namespace qcow2::internal
 
-#endif  // QCOW2_LIB_QCOW2_WRITE_PLANNER_H_
+#endif  // QCOW2_LIB_DRIVER_WRITE_PLANNER_H_

@@ -12,10 +12,10 @@
 #include "lib/base/status_macros.h"
 #include "lib/format/entries.h"
 #include "lib/meta/metadata_cache.h"
-#include "lib/qcow2/flush_sequencer.h"
-#include "lib/qcow2/header_writer.h"
-#include "lib/qcow2/metadata_guard.h"
-#include "lib/qcow2/write_planner.h"
+#include "lib/driver/flush_sequencer.h"
+#include "lib/driver/header_writer.h"
+#include "lib/driver/metadata_guard.h"
+#include "lib/driver/write_planner.h"
 
 namespace qcow2::internal {
 
