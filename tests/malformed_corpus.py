@@ -56,6 +56,7 @@ QCOW_OFLAG_COMPRESSED = 1 << 62
 OFFSET_MASK = 0x00FFFFFFFFFFFE00
 
 EXT_FEATURE_NAMES = 0x6803F857
+EXT_BITMAPS = 0x23852875
 
 
 # Library defects found by this corpus, reported and not fixed yet (lib/ is
@@ -341,6 +342,11 @@ class Corpus:
                     "compxl2.qcow2": "cluster_size=64k,extended_l2=on"}[name]
             qemu_img("convert", "-c", "-f", "raw", "-O", "qcow2", "-o", opts,
                      raw, path)
+        elif name == "bm.qcow2":
+            # A persistent dirty bitmap b0 that has seen a write.
+            shutil.copy(self.base("p64.qcow2"), path)
+            qemu_img("bitmap", "--add", path, "b0")
+            qemu_io(path, "write -P 0x44 2M 64k")
         elif name == "snap.qcow2":
             # An internal snapshot.
             shutil.copy(self.base("p64.qcow2"), path)
@@ -451,6 +457,7 @@ class Corpus:
         self.extended_l2_cases()
         self.refcount_cases()
         self.snapshot_cases()
+        self.bitmap_cases()
 
     def header_cases(self):
         if self.want("header_length_huge"):
@@ -1170,6 +1177,47 @@ class Corpus:
                      {"open": "ok", "write_at": 2 * MIB, "write": "ok",
                       "modifies": "yes"}, check_exit=[1, 2],
                      check_message="snapshot")
+
+    def bitmap_cases(self):
+        """A bitmap directory entry patched: the guest data stays readable,
+        a read-write open (which would have to maintain the bitmap) is
+        refused, naming what is wrong. (qemu-img refuses to open all of
+        these; qcowtool check counts what the entry names, so its verdict
+        is a leak or corruption report, never a crash.)"""
+        def entry(q):
+            for magic, payload in q.extensions():
+                if magic == EXT_BITMAPS:
+                    return struct.unpack(">Q", payload[16:24])[0]
+            raise ValueError("no bitmaps extension")
+
+        cases = [
+            ("bitmap_flags_reserved", "bitmap flags with reserved bit 3",
+             12, struct.pack(">I", 0xA), "unsupported flags 0x8",
+             "UNIMPLEMENTED", [0]),
+            ("bitmap_type_2", "bitmap of type 2 (only 1 is defined)", 16,
+             bytes([2]), "has type 2", "UNIMPLEMENTED", [0]),
+            ("bitmap_name_size_0", "bitmap directory entry with an empty "
+             "name", 18, struct.pack(">H", 0), "name_size is 0", "DATA_LOSS",
+             [0, 1, 2]),
+            ("bitmap_table_unaligned", "bitmap table offset not cluster "
+             "aligned", 6, struct.pack(">H", 0x1234), "bitmap table offset",
+             "DATA_LOSS", [0, 1, 2, 3]),
+            ("bitmap_table_past_eof", "bitmap table 16 TiB past the end of "
+             "the file", 2, bytes([0x10]), "past the end of the file",
+             "DATA_LOSS", [0, 1, 2]),
+        ]
+        for name, what, at, patch, message, code, check_exit in cases:
+            if not self.want(name):
+                continue
+            q = self.copy(name, "bm.qcow2")
+            d = entry(q) + at
+            q.data[d:d + len(patch)] = patch
+            q.save()
+            self.add(name, what, "read-only (read-write refused)",
+                     {"open": "ok", "errors": [],
+                      "data": [2 * MIB, 64 * KIB, 0x44]},
+                     {"open": "error", "message": message, "code": code},
+                     check_exit=check_exit)
 
 
 def main():

@@ -136,6 +136,12 @@ constexpr const char* kCases[] = {
     // Internal snapshot table contents.
     "snapshot_extra_data_huge",
     "snapshot_l1_size_huge",
+    // Persistent dirty bitmaps.
+    "bitmap_flags_reserved",
+    "bitmap_type_2",
+    "bitmap_name_size_0",
+    "bitmap_table_unaligned",
+    "bitmap_table_past_eof",
 };
 
 std::string ScriptPath() {

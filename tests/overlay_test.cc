@@ -75,6 +75,7 @@ TEST(OverlayTest, RefusedOnReadOnlyChainAndExistingFile) {
   ASSERT_OK_AND_ASSIGN(auto ro, Image::Open(base, OpenOptions{}));
   EXPECT_EQ(ro->CreateOverlay(dir.File("t.qcow2"), {}).code(),
             absl::StatusCode::kFailedPrecondition);
+  ASSERT_OK(ro->Close());  // its image lock keeps writers out until then
   OpenOptions oo;
   oo.read_write = true;
   ASSERT_OK_AND_ASSIGN(auto rw, Image::Open(base, oo));

@@ -218,8 +218,10 @@ absl::Status Apply(int c, const std::string& name, const char* arg,
     case 'w':
       p.write = true;
       return absl::OkStatus();
-    case 'n':
     case 'U':
+      p.force_share = true;
+      return absl::OkStatus();
+    case 'n':
       return absl::OkStatus();  // accepted, no effect
     case 'i': {
       const std::string_view v = arg;

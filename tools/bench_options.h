@@ -26,6 +26,7 @@ struct PatternFlags {
   std::optional<uint64_t> step;  // -S (default: size)
   uint64_t offset = 0;           // -o
   bool write = false;            // -w
+  bool force_share = false;      // -U (reads only)
   std::string format;            // -f (empty: probe)
   uint8_t pattern = 0;           // --pattern
   uint64_t flush_interval = 0;   // --flush-interval (writes; scaling too)

@@ -187,6 +187,22 @@ absl::StatusOr<OutputFormat> ParseOutputFormat(std::string_view text) {
       absl::StrCat("--output must be 'human' or 'json', not '", AV(text), "'"));
 }
 
+bool OpenPolicy::Take(int c, const char* arg) {
+  if (c == 'U') {
+    force_share = true;
+  } else if (c == kOptBackingRoot) {
+    backing_root = arg;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+void OpenPolicy::ApplyTo(OpenOptions* opts) const {
+  opts->force_share = force_share;
+  opts->backing_root = backing_root;
+}
+
 absl::Status CheckImageFormat(std::string_view text) {
   if (text == "qcow2" || text == "raw") return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(

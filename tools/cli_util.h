@@ -80,6 +80,30 @@ enum class OutputFormat { kHuman, kJson };
 // Parses an --output value ("human" or "json").
 absl::StatusOr<OutputFormat> ParseOutputFormat(std::string_view text);
 
+// Options shared by the commands that open images. A getopt_long table
+// adds {"force-share", no_argument, nullptr, 'U'} (and 'U' in the short
+// options) and {"backing-root", required_argument, nullptr,
+// kOptBackingRoot}; the usage text adds the matching help lines.
+inline constexpr int kOptBackingRoot = 400;
+
+// -U and --backing-root as given.
+struct OpenPolicy {
+  bool force_share = false;
+  std::string backing_root;
+
+  // Takes getopt's option `c` (with `arg`) if it is one of the two.
+  bool Take(int c, const char* arg);
+  // Sets OpenOptions::force_share and backing_root.
+  void ApplyTo(OpenOptions* opts) const;
+};
+inline constexpr char kForceShareHelp[] =
+    "  -U, --force-share  open IMAGE even while another process (QEMU,\n"
+    "                   qcowtool) writes it: only the shared read lock is\n"
+    "                   taken and what is read may be inconsistent\n";
+inline constexpr char kBackingRootHelp[] =
+    "  --backing-root=DIR  refuse backing files that resolve outside DIR\n"
+    "                   (for images from untrusted sources)\n";
+
 // Validates a -f value: "qcow2" or "raw".
 absl::Status CheckImageFormat(std::string_view text);
 

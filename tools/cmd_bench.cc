@@ -141,7 +141,8 @@ const Workload kWorkloads[] = {
      "defaults to SIZE), the offset taken modulo the image size; -w writes\n"
      "BYTE (default 0). Like qemu-img bench, -t defaults to writeback; use\n"
      "-t none for O_DIRECT. -i and -n are accepted and recorded only (the\n"
-     "library picks its engine), -U has no effect. Prints qemu-img bench's\n"
+     "library picks its engine). -U (reads only) opens IMAGE while another\n"
+     "process writes it (the shared read lock only). Prints qemu-img bench's\n"
      "lines, then IOPS, MB/s, latency and the host bytes the library\n"
      "counted.\n",
      {"-c", "-d", "-f", "-i", "-n", "-o", "-s", "-S", "-w", "-U", "--pattern",

@@ -38,6 +38,9 @@ struct BenchState {
 };
 
 absl::Status Validate(const PatternFlags& p) {
+  if (p.write && p.force_share) {
+    return OptionError("force-share=on can only be used with read-only images");
+  }
   if (!p.write && p.flush_interval != 0) {
     return OptionError("--flush-interval is only available in write tests");
   }
@@ -136,7 +139,9 @@ absl::Status RunPattern(Env& env, Report* report) {
   if (absl::Status s = Validate(p); !s.ok()) return s;
   const uint64_t step = p.step.value_or(0) != 0 ? *p.step : p.size;
 
-  auto image = OpenBenchImage(p.image, env.direct, p.write, p.format);
+  OpenOptions open = BenchOpenOptions(env.direct, p.write, p.format);
+  open.force_share = p.force_share;
+  auto image = Image::Open(p.image, open);
   if (!image.ok()) return image.status();
   const uint64_t image_size = (*image)->size();
   const std::string engine = EngineName(**image);

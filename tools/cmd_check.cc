@@ -44,7 +44,8 @@ constexpr char kUsage[] =
     "  -q            print nothing on stdout\n"
     "  --output=FMT  human (default) or json\n"
     "  -f qcow2      the image format (only qcow2 can be checked)\n"
-    "  -U            accepted for compatibility (no locking is done)\n"
+    "  -U            force-share: check IMAGE even while another process\n"
+    "                writes it (the result may be meaningless); not with -r\n"
     "Exit status (as qemu-img check): 0 no errors, 1 check not completed or\n"
     "wrong arguments, 2 corruptions, 3 leaked clusters only, 63 the format\n"
     "does not support checks.\n";
@@ -193,7 +194,7 @@ int RunCheck(int argc, char** argv) {
       {nullptr, 0, nullptr, 0},
   };
   RepairMode mode = RepairMode::kNone;
-  bool json = false, quiet = false;
+  bool json = false, quiet = false, force_share = false;
   std::string format;
   ResetGetopt();
   opterr = 0;  // our own messages, in qemu-img's words
@@ -222,6 +223,8 @@ int RunCheck(int argc, char** argv) {
         quiet = true;
         break;
       case 'U':
+        force_share = true;
+        break;
       case 'T':  // cache mode: accepted, ignored
         break;
       case kOptOutput:
@@ -258,8 +261,15 @@ int RunCheck(int argc, char** argv) {
     return kExitFailed;
   }
 
+  if (force_share && mode != RepairMode::kNone) {
+    std::fprintf(stderr,
+                 "qcowtool: force-share=on can only be used with read-only "
+                 "images\n");
+    return kExitFailed;
+  }
   qcow2::FileOptions opts;
   opts.read_only = mode == RepairMode::kNone;
+  opts.force_share = force_share;
   auto file = qcow2::OpenPosixFile(filename, opts);
   if (!file.ok()) {
     std::fprintf(stderr, "qcowtool: Could not open '%s': %s\n",

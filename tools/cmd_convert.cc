@@ -3,6 +3,9 @@
 // backing chain) into a raw file, like `qemu-img convert -O raw`.
 #include <fcntl.h>
 #include <getopt.h>
+#include <linux/falloc.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -21,18 +24,26 @@ namespace qcow2::tool {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: qcowtool convert [-f FMT] [-O raw] SOURCE DEST\n"
+    "usage: qcowtool convert [-f FMT] [-O raw] [-U] [--backing-root=DIR] "
+    "SOURCE DEST\n"
     "\n"
     "Writes the contents of SOURCE (read through its backing chain) to DEST\n"
     "as a raw image, replacing DEST if it exists. Ranges that read as zeros\n"
-    "are left as holes.\n"
+    "are left as holes. A block device DEST is written over in place, zeros\n"
+    "included.\n"
     "\n"
     "  -f FMT      format of SOURCE: qcow2 or raw (default: probe)\n"
     "  -O FMT      output format; only raw (the default) is supported\n"
+    "  (-U and --backing-root apply to SOURCE)\n";
+
+constexpr char kHelpTail[] =
     "  -h, --help  show this help\n"
     "\n";
 
-std::string Usage() { return std::string(kUsage) + kExitStatusHelp; }
+std::string Usage() {
+  return std::string(kUsage) + kForceShareHelp + kBackingRootHelp +
+         kHelpTail + kExitStatusHelp;
+}
 
 // Bytes read from the image at a time.
 constexpr uint64_t kChunkBytes = 1 << 20;
@@ -41,6 +52,7 @@ constexpr size_t kSparseBytes = 4096;
 
 struct ConvertArgs {
   std::string format;
+  OpenPolicy policy;
   std::string source;
   std::string dest;
 };
@@ -48,12 +60,14 @@ struct ConvertArgs {
 int ParseArgs(int argc, char** argv, ConvertArgs* args) {
   static const option kOptions[] = {
       {"format", required_argument, nullptr, 'f'},
+      {"force-share", no_argument, nullptr, 'U'},
+      {"backing-root", required_argument, nullptr, kOptBackingRoot},
       {"help", no_argument, nullptr, 'h'},
       {nullptr, 0, nullptr, 0},
   };
   ResetGetopt();
   int c;
-  while ((c = getopt_long(argc, argv, "f:O:h", kOptions, nullptr)) != -1) {
+  while ((c = getopt_long(argc, argv, "f:O:Uh", kOptions, nullptr)) != -1) {
     switch (c) {
       case 'h':
         return PrintHelp(Usage());
@@ -71,6 +85,7 @@ int ParseArgs(int argc, char** argv, ConvertArgs* args) {
         }
         break;
       default:
+        if (args->policy.Take(c, optarg)) break;
         return UsageError(Usage(), "");
     }
   }
@@ -133,9 +148,37 @@ absl::Status WriteSparse(int fd, const uint8_t* buf, size_t len,
   return absl::OkStatus();
 }
 
-absl::Status Copy(Image& image, int fd, const std::string& dest) {
+// Makes [offset, +len) of a block device read as zeros: its unwritten
+// space holds whatever it held before, never zeros for sure.
+absl::Status ZeroDevice(int fd, uint64_t offset, uint64_t len,
+                        const std::string& name) {
+  if (fallocate(fd, FALLOC_FL_ZERO_RANGE, static_cast<off_t>(offset),
+                static_cast<off_t>(len)) == 0) {
+    return absl::OkStatus();
+  }
+  const std::vector<uint8_t> zeros(std::min<uint64_t>(len, kChunkBytes), 0);
+  for (uint64_t done = 0; done < len;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(zeros.size(),
+                                                            len - done));
+    if (auto s = WriteAll(fd, zeros.data(), n, offset + done, name); !s.ok()) {
+      return s;
+    }
+    done += n;
+  }
+  return absl::OkStatus();
+}
+
+// `device`: `fd` is a block device of `device_bytes` bytes, written over
+// in place (never resized; zeros written, not assumed).
+absl::Status Copy(Image& image, int fd, const std::string& dest,
+                  bool device, uint64_t device_bytes) {
   const uint64_t size = image.size();
-  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
+  if (device && size > device_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "no space left on ", dest, " (", FormatSize(device_bytes),
+        "): the disk is ", FormatSize(size)));
+  }
+  if (!device && ftruncate(fd, static_cast<off_t>(size)) != 0) {
     return Errno(errno, absl::StrCat("resizing ", dest));
   }
   std::vector<uint8_t> buf(kChunkBytes);
@@ -145,6 +188,9 @@ absl::Status Copy(Image& image, int fd, const std::string& dest) {
     if (!bs.ok()) return bs.status();
     const uint64_t end = pos + bs->length;
     if (bs->zero) {
+      if (device) {
+        if (auto s = ZeroDevice(fd, pos, end - pos, dest); !s.ok()) return s;
+      }
       pos = end;
       continue;
     }
@@ -152,7 +198,9 @@ absl::Status Copy(Image& image, int fd, const std::string& dest) {
       const size_t n = static_cast<size_t>(std::min(kChunkBytes, end - pos));
       auto span = absl::MakeSpan(buf.data(), n);
       if (auto s = image.Read(pos, span); !s.ok()) return s;
-      if (auto s = WriteSparse(fd, buf.data(), n, pos, dest); !s.ok()) {
+      if (auto s = device ? WriteAll(fd, buf.data(), n, pos, dest)
+                          : WriteSparse(fd, buf.data(), n, pos, dest);
+          !s.ok()) {
         return s;
       }
       pos += n;
@@ -187,6 +235,7 @@ int RunConvert(int argc, char** argv) {
 
   OpenOptions opts;
   opts.format = args.format;
+  args.policy.ApplyTo(&opts);
   auto image = Image::Open(args.source, opts);
   if (!image.ok()) return ReportError(image.status());
   const std::vector<std::string> names =
@@ -195,12 +244,23 @@ int RunConvert(int argc, char** argv) {
     return ReportError(s);
   }
 
-  int fd =
-      open(args.dest.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  struct stat st;
+  const bool device =
+      stat(args.dest.c_str(), &st) == 0 && S_ISBLK(st.st_mode);
+  int fd = open(args.dest.c_str(),
+                device ? O_WRONLY | O_CLOEXEC
+                       : O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
+                0644);
   if (fd < 0) {
     return ReportError(Errno(errno, absl::StrCat("cannot create ", args.dest)));
   }
-  absl::Status s = Copy(**image, fd, args.dest);
+  uint64_t device_bytes = 0;
+  if (device && ioctl(fd, BLKGETSIZE64, &device_bytes) != 0) {
+    absl::Status s = Errno(errno, absl::StrCat("size of ", args.dest));
+    close(fd);
+    return ReportError(s);
+  }
+  absl::Status s = Copy(**image, fd, args.dest, device, device_bytes);
   if (close(fd) != 0 && s.ok()) {
     s = Errno(errno, absl::StrCat("closing ", args.dest));
   }

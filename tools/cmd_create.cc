@@ -38,7 +38,9 @@ constexpr char kUsage[] =
     "                       FILE [SIZE]\n"
     "\n"
     "Creates FILE as 'qemu-img create' does. An existing regular FILE is\n"
-    "replaced (once every option has been checked).\n"
+    "replaced (once every option has been checked), unless another process\n"
+    "holds it open (its image lock). A block device FILE is formatted in\n"
+    "place. A create that fails removes the file it made.\n"
     "\n"
     "  -f FMT      qcow2 (default) or raw\n"
     "  -o OPTIONS  comma-separated key=value list of qemu-img's creation\n"
@@ -55,7 +57,7 @@ constexpr char kUsage[] =
     "\n"
     "SIZE takes qemu's forms: 512, 4k, 10G, 1.5T, 0x100000 (suffixes are\n"
     "powers of 1024; the size is rounded up to 512 bytes). Without SIZE the\n"
-    "backing file's size is used.\n"
+    "backing file's size is used, or a block device's size.\n"
     "\n";
 
 std::string DefaultUsage() { return std::string(kUsage) + kExitStatusHelp; }
@@ -396,19 +398,44 @@ std::string FormattingLine(const CreateRequest& req) {
   return line;
 }
 
+// The disk's L1 table must fit the 32 MiB QEMU allows, as CreateImage
+// checks too; checked here before an existing file is replaced, so that a
+// create that cannot succeed destroys nothing.
+absl::Status CheckSizeFits(const CreateRequest& req) {
+  const CreateOptions& o = req.opts;
+  if (o.format == ImageFormat::kRaw) return absl::OkStatus();
+  const uint64_t size = (req.size.value_or(0) + 511) / 512 * 512;
+  const uint64_t cs = o.cluster_size;
+  const uint64_t per_l2 = cs / (o.extended_l2 ? 16 : 8) * cs;
+  const uint64_t l1_entries = size / per_l2 + (size % per_l2 != 0);
+  if (l1_entries > (uint64_t{32} << 20) / 8) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        req.file, ": virtual size ", size, " is too large for cluster size ",
+        cs, " (try a larger cluster size)"));
+  }
+  return absl::OkStatus();
+}
+
 bool SameFile(const struct stat& a, const std::string& path) {
   struct stat b;
   return stat(path.c_str(), &b) == 0 && a.st_dev == b.st_dev &&
          a.st_ino == b.st_ino;
 }
 
-// Like qemu-img, replaces an existing regular file. Anything else that
-// exists (a directory, a symlink, a device) is left for CreateImage to
-// refuse.
+// Like qemu-img, replaces an existing regular file, unless another
+// process (QEMU, qcowtool) has it open: then its lock refuses the create.
+// Anything else that exists is left for CreateImage: a device is
+// formatted in place, a directory or a symlink refused.
 absl::Status RemoveExisting(const CreateRequest& req) {
   struct stat st;
   if (lstat(req.file.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
     return absl::OkStatus();
+  }
+  FileOptions probe;
+  probe.read_only = false;
+  if (auto held = OpenPosixFile(req.file, probe);
+      !held.ok() && absl::IsUnavailable(held.status())) {
+    return held.status();
   }
   if (!req.opts.backing_file.empty() &&
       SameFile(st, QemuPathCombine(req.file, req.opts.backing_file))) {
@@ -535,6 +562,17 @@ int BuildRequest(const CreateArgs& a, const std::string& usage, CreateRequest* r
     return UsageError(usage, s.message());
   }
   const bool has_backing = !req->opts.backing_file.empty();
+  if (!req->size.has_value() && !has_backing) {
+    // A block device: the image takes the whole device by default.
+    struct stat st;
+    FileOptions fo;
+    fo.lock = false;
+    if (stat(req->file.c_str(), &st) == 0 && S_ISBLK(st.st_mode)) {
+      if (auto dev = OpenPosixFile(req->file, fo); dev.ok()) {
+        if (auto size = (*dev)->Size(); size.ok()) req->size = *size;
+      }
+    }
+  }
   if (!req->size.has_value() && (!has_backing || req->unsafe)) {
     return UsageError(usage, has_backing ? "-u needs the image size"
                                          : "image creation needs a size");
@@ -561,6 +599,7 @@ int RunCreateWithUsage(int argc, char** argv, const std::string& usage) {
     std::printf("%s\n", FormattingLine(req).c_str());
     std::fflush(stdout);
   }
+  if (auto s = CheckSizeFits(req); !s.ok()) return ReportError(s);
   if (auto s = RemoveExisting(req); !s.ok()) return ReportError(s);
   // 0 would mean "the backing file's size" to CreateImage; with a backing
   // file the size is known by now (or given, with -u).

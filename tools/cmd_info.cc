@@ -17,7 +17,8 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: qcowtool info [--output=human|json] [--backing-chain] [-f FMT] "
-    "IMAGE\n"
+    "[-U]\n"
+    "                     [--backing-root=DIR] IMAGE\n"
     "\n"
     "Shows the format, sizes, backing file and format-specific facts of\n"
     "IMAGE, as 'qemu-img info' does. Internal snapshots are counted\n"
@@ -28,16 +29,22 @@ constexpr char kUsage[] =
     "                   --backing-chain), top image first\n"
     "  --backing-chain  also every file of the backing chain; without it\n"
     "                   the backing file is not opened at all\n"
-    "  -f FMT           format of IMAGE: qcow2 or raw (default: probe)\n"
+    "  -f FMT           format of IMAGE: qcow2 or raw (default: probe)\n";
+
+constexpr char kHelpTail[] =
     "  -h, --help       show this help\n"
     "\n";
 
-std::string Usage() { return std::string(kUsage) + kExitStatusHelp; }
+std::string Usage() {
+  return std::string(kUsage) + kForceShareHelp + kBackingRootHelp +
+         kHelpTail + kExitStatusHelp;
+}
 
 struct InfoArgs {
   OutputFormat output = OutputFormat::kHuman;
   bool backing_chain = false;
   std::string format;
+  OpenPolicy policy;
   std::string image;
 };
 
@@ -48,12 +55,14 @@ int ParseArgs(int argc, char** argv, InfoArgs* args) {
       {"output", required_argument, nullptr, kOutput},
       {"backing-chain", no_argument, nullptr, kBackingChain},
       {"format", required_argument, nullptr, 'f'},
+      {"force-share", no_argument, nullptr, 'U'},
+      {"backing-root", required_argument, nullptr, kOptBackingRoot},
       {"help", no_argument, nullptr, 'h'},
       {nullptr, 0, nullptr, 0},
   };
   ResetGetopt();
   int c;
-  while ((c = getopt_long(argc, argv, "f:h", kOptions, nullptr)) != -1) {
+  while ((c = getopt_long(argc, argv, "f:Uh", kOptions, nullptr)) != -1) {
     switch (c) {
       case 'h':
         return PrintHelp(Usage());
@@ -73,6 +82,7 @@ int ParseArgs(int argc, char** argv, InfoArgs* args) {
         args->backing_chain = true;
         break;
       default:
+        if (args->policy.Take(c, optarg)) break;
         return UsageError(Usage(), "");
     }
   }
@@ -95,6 +105,7 @@ int RunInfo(int argc, char** argv) {
   opts.format = args.format;
   // Like qemu-img, plain `info` neither needs nor opens the backing file.
   opts.open_backing = args.backing_chain;
+  args.policy.ApplyTo(&opts);
   auto image = Image::Open(args.image, opts);
   if (!image.ok()) return ReportError(image.status());
   std::vector<LayerInfo> chain = (*image)->GetChainInfo();

@@ -28,7 +28,8 @@ namespace qcow2::tool {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: qcowtool io [-f FMT] [-r] IMAGE -c CMD [-c CMD ...]\n"
+    "usage: qcowtool io [-f FMT] [-r [-U]] [--backing-root=DIR] IMAGE\n"
+    "                   -c CMD [-c CMD ...]\n"
     "\n"
     "Opens IMAGE (read-write unless -r) and runs each CMD in order, as\n"
     "qemu-io does. Every CMD is checked before the first one runs; the run\n"
@@ -37,6 +38,9 @@ constexpr char kUsage[] =
     "  -c CMD      a command (below); may be repeated\n"
     "  -f FMT      format of IMAGE: qcow2 or raw (default: probe)\n"
     "  -r          open IMAGE read-only (write and discard are refused)\n"
+    "  -U, --force-share  with -r: open IMAGE even while another process\n"
+    "              writes it (only the shared read lock is taken)\n"
+    "  --backing-root=DIR  refuse backing files that resolve outside DIR\n"
     "  -h, --help  show this help\n"
     "\n"
     "Commands (OFF and LEN: 4096, 4k, 16M, 0x1000; PAT: a byte, decimal or\n"
@@ -73,7 +77,8 @@ std::string Usage() { return kUsage; }
 
 // What argument errors print: the synopsis, not the whole help.
 constexpr char kShortUsage[] =
-    "usage: qcowtool io [-f FMT] [-r] IMAGE -c CMD [-c CMD ...]\n"
+    "usage: qcowtool io [-f FMT] [-r [-U]] [--backing-root=DIR] IMAGE\n"
+    "                   -c CMD [-c CMD ...]\n"
     "('qcowtool io --help' describes the commands and exit status)\n";
 
 constexpr int kExitVerifyFailed = 3;
@@ -492,6 +497,7 @@ class Runner {
 struct IoArgs {
   std::string format;
   bool read_only = false;
+  OpenPolicy policy;
   std::vector<std::string> commands;
   std::string image;
 };
@@ -503,11 +509,13 @@ int ParseArgs(int argc, char** argv, IoArgs* args) {
       {"cmd", required_argument, nullptr, 'c'},
       {"format", required_argument, nullptr, 'f'},
       {"read-only", no_argument, nullptr, 'r'},
+      {"force-share", no_argument, nullptr, 'U'},
+      {"backing-root", required_argument, nullptr, kOptBackingRoot},
       {nullptr, 0, nullptr, 0},
   };
   ResetGetopt();
   int c;
-  while ((c = getopt_long(argc, argv, "c:f:rh", kOptions, nullptr)) != -1) {
+  while ((c = getopt_long(argc, argv, "c:f:rUh", kOptions, nullptr)) != -1) {
     switch (c) {
       case 'h':
         return PrintHelp(Usage());
@@ -524,6 +532,7 @@ int ParseArgs(int argc, char** argv, IoArgs* args) {
         args->read_only = true;
         break;
       default:
+        if (args->policy.Take(c, optarg)) break;
         return UsageError(kShortUsage, "");
     }
   }
@@ -531,6 +540,10 @@ int ParseArgs(int argc, char** argv, IoArgs* args) {
   if (optind + 1 < argc) {
     return UsageError(kShortUsage, absl::StrCat("unexpected argument '",
                                                 argv[optind + 1], "'"));
+  }
+  if (args->policy.force_share && !args->read_only) {
+    return UsageError(kShortUsage,
+                      "-U (force-share) can only be used with -r (read-only)");
   }
   if (args->commands.empty()) {
     return UsageError(kShortUsage, "expecting at least one -c command");
@@ -561,6 +574,7 @@ int RunIo(int argc, char** argv) {
   OpenOptions opts;
   opts.format = args.format;
   opts.read_write = !args.read_only;
+  args.policy.ApplyTo(&opts);
   auto image = Image::Open(args.image, opts);
   if (!image.ok()) return ReportError(image.status());
   const uint64_t size = (*image)->size();

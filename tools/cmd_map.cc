@@ -21,7 +21,8 @@ namespace {
 constexpr char kUsage[] =
     "usage: qcowtool map [--output=human|json] [-f FMT] "
     "[--start-offset=OFFSET]\n"
-    "                    [--max-length=LEN] IMAGE\n"
+    "                    [--max-length=LEN] [-U] [--backing-root=DIR] "
+    "IMAGE\n"
     "\n"
     "Shows how the virtual disk of IMAGE (through its backing chain) maps\n"
     "to the image files, as 'qemu-img map' does.\n"
@@ -33,19 +34,25 @@ constexpr char kUsage[] =
     "                   present, zero, data and offset (when known)\n"
     "  -f FMT           format of IMAGE: qcow2 or raw (default: probe)\n"
     "  --start-offset=OFFSET, --max-length=LEN\n"
-    "                   map only that part (sizes like 4k, 1M, 0x1000)\n"
+    "                   map only that part (sizes like 4k, 1M, 0x1000)\n";
+
+constexpr char kHelpTail[] =
     "  -h, --help       show this help\n"
     "\n";
 
 struct MapArgs {
   OutputFormat output = OutputFormat::kHuman;
   std::string format;
+  OpenPolicy policy;
   uint64_t start = 0;
   std::optional<uint64_t> max_length;
   std::string image;
 };
 
-std::string Usage() { return std::string(kUsage) + kExitStatusHelp; }
+std::string Usage() {
+  return std::string(kUsage) + kForceShareHelp + kBackingRootHelp +
+         kHelpTail + kExitStatusHelp;
+}
 
 // Returns -1 when parsed, else the exit status to return.
 int ParseArgs(int argc, char** argv, MapArgs* args) {
@@ -55,12 +62,14 @@ int ParseArgs(int argc, char** argv, MapArgs* args) {
       {"start-offset", required_argument, nullptr, kStart},
       {"max-length", required_argument, nullptr, kMaxLength},
       {"format", required_argument, nullptr, 'f'},
+      {"force-share", no_argument, nullptr, 'U'},
+      {"backing-root", required_argument, nullptr, kOptBackingRoot},
       {"help", no_argument, nullptr, 'h'},
       {nullptr, 0, nullptr, 0},
   };
   ResetGetopt();
   int c;
-  while ((c = getopt_long(argc, argv, "f:h", kOptions, nullptr)) != -1) {
+  while ((c = getopt_long(argc, argv, "f:Uh", kOptions, nullptr)) != -1) {
     switch (c) {
       case 'h':
         return PrintHelp(Usage());
@@ -88,6 +97,7 @@ int ParseArgs(int argc, char** argv, MapArgs* args) {
         break;
       }
       default:
+        if (args->policy.Take(c, optarg)) break;
         return UsageError(Usage(), "");
     }
   }
@@ -143,6 +153,7 @@ int RunMap(int argc, char** argv) {
 
   OpenOptions opts;
   opts.format = args.format;
+  args.policy.ApplyTo(&opts);
   auto image = Image::Open(args.image, opts);
   if (!image.ok()) return ReportError(image.status());
   const std::vector<std::string> names =

@@ -20,6 +20,8 @@ int RunSnapshot(int argc, char** argv);
 int RunIo(int argc, char** argv);
 int RunCheck(int argc, char** argv);
 int RunBench(int argc, char** argv);
+int RunServe(int argc, char** argv);
+int RunBitmap(int argc, char** argv);
 
 }  // namespace qcow2::tool
 

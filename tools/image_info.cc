@@ -1,7 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "tools/image_info.h"
 
+#include <cstdio>
+#include <memory>
+#include <utility>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
+#include "lib/driver/bitmaps.h"
+#include "lib/driver/qcow2_layer.h"
 #include "tools/cli_util.h"
 
 namespace qcow2::tool {
@@ -10,6 +17,48 @@ namespace {
 
 const char* FormatName(ImageFormat f) {
   return f == ImageFormat::kQcow2 ? "qcow2" : "raw";
+}
+
+// The persistent bitmaps of qcow2 image `path` as QEMU lists them
+// (Qcow2BitmapInfo: name, granularity, flags "in-use" then "auto"), or
+// nullopt when it has none. A bitmap directory that cannot be read is
+// reported on stderr and left out (qemu-img refuses to open such images).
+std::optional<Json> BitmapsJson(const std::string& path) {
+  FileOptions fo;
+  fo.read_only = true;
+  fo.lock = false;  // the image is open (and locked) already
+  absl::StatusOr<std::unique_ptr<File>> file =
+      DefaultFileOpener()->Open(path, fo);
+  if (!file.ok()) return std::nullopt;
+  OpenOptions oo;
+  oo.read_write = false;
+  oo.format = "qcow2";
+  auto layer = internal::Qcow2Layer::Open(std::move(file).value(), oo);
+  if (!layer.ok()) return std::nullopt;
+  absl::StatusOr<uint64_t> size = (*layer)->file()->Size();
+  absl::StatusOr<std::vector<internal::BitmapInfo>> list =
+      size.ok() ? internal::ListBitmaps((*layer)->file(), (*layer)->header(),
+                                        *size)
+                : absl::StatusOr<std::vector<internal::BitmapInfo>>(
+                      size.status());
+  if (!list.ok()) {
+    std::fprintf(stderr, "qcowtool: warning: %s\n",
+                 std::string(list.status().message()).c_str());
+    return std::nullopt;
+  }
+  if (list->empty()) return std::nullopt;
+  Json out = Json::Array();
+  for (const internal::BitmapInfo& b : *list) {
+    Json flags = Json::Array();
+    if (b.in_use) flags.Append(Json::String("in-use"));
+    if (b.enabled) flags.Append(Json::String("auto"));
+    Json j = Json::Object();
+    j.Set("flags", std::move(flags));
+    j.Set("name", Json::String(b.name));
+    j.Set("granularity", Json::Uint(b.granularity));
+    out.Append(std::move(j));
+  }
+  return out;
 }
 
 // QEMU's ImageInfoSpecificQCow2, fields in QAPI order (the printed order
@@ -28,6 +77,9 @@ Json Qcow2SpecificData(const LayerInfo& info) {
       Json::String(info.compression_type == CompressionType::kZstd ? "zstd"
                                                                    : "zlib"));
   if (v3) data.Set("extended-l2", Json::Bool(info.extended_l2));
+  if (std::optional<Json> bitmaps = BitmapsJson(info.filename)) {
+    data.Set("bitmaps", std::move(*bitmaps));
+  }
   return data;
 }
 
@@ -44,6 +96,8 @@ std::string ScalarText(const Json& v) {
   }
 }
 
+void DumpValue(const Json& v, int indent, std::string* out);
+
 // QEMU's dump_qdict(): "key: value" lines in QDict order, dashes in keys
 // shown as spaces, nested containers indented by 4 more.
 void DumpObject(const Json& obj, int indent, std::string* out) {
@@ -53,12 +107,24 @@ void DumpObject(const Json& obj, int indent, std::string* out) {
       if (c == '-') c = ' ';
     }
     absl::StrAppend(out, std::string(indent * 4, ' '), key, ":");
-    if (m->second.kind() == Json::Kind::kObject) {
-      out->append("\n");
-      DumpObject(m->second, indent + 1, out);
-    } else {
-      absl::StrAppend(out, " ", ScalarText(m->second), "\n");
+    DumpValue(m->second, indent, out);
+  }
+}
+
+// The value after "key:" or "[i]:": composite ones on the lines below,
+// indented by one more level (QEMU's dump_qobject and dump_qlist).
+void DumpValue(const Json& v, int indent, std::string* out) {
+  if (v.kind() == Json::Kind::kObject) {
+    out->append("\n");
+    DumpObject(v, indent + 1, out);
+  } else if (v.kind() == Json::Kind::kArray) {
+    out->append("\n");
+    for (size_t i = 0; i < v.elements().size(); ++i) {
+      absl::StrAppend(out, std::string((indent + 1) * 4, ' '), "[", i, "]:");
+      DumpValue(v.elements()[i], indent + 1, out);
     }
+  } else {
+    absl::StrAppend(out, " ", ScalarText(v), "\n");
   }
 }
 

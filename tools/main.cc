@@ -30,6 +30,8 @@ constexpr Command kCommands[] = {
     {"io", RunIo, "read, write, discard and check data (like qemu-io)"},
     {"check", RunCheck, "check (and repair) an image's refcounts and metadata"},
     {"bench", RunBench, "measure I/O performance and amplification"},
+    {"serve", RunServe, "export an image over NBD (nbdkit with libqcow2)"},
+    {"bitmap", RunBitmap, "add, remove, clear, enable, disable, merge bitmaps"},
 };
 
 std::string Usage() {

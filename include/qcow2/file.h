@@ -75,7 +75,7 @@ class QCOW2_EXPORT File {
   // Whether the bytes at `offset` are stored data (true) or a hole that
   // reads as zeros (false); sets *len to the length of that run, at most
   // `max_len`. Default: everything is data.
-  virtual absl::StatusOr<bool> DataRun(uint64_t offset, uint64_t max_len,
+  virtual absl::StatusOr<bool> DataRun(uint64_t /*offset*/, uint64_t max_len,
                                        uint64_t* len) {
     *len = max_len;
     return true;
@@ -98,9 +98,27 @@ struct FileOptions {
   bool create = false;
   // With `create`: fail if the file exists (O_EXCL). Default: false.
   bool exclusive = false;
+  // Take the image locks QEMU takes (open file description locks on bytes
+  // 100-103 and 200-203, see docs/security.md): a writable file excludes
+  // every other writer and every reader that does not share writes; a
+  // read-only file excludes writers unless `force_share`. A conflict fails
+  // the open with kUnavailable naming the file. The locks last as long as
+  // the File. Only files with a descriptor (OpenPosixFile) take locks; an
+  // embedder's own File has none unless it takes them itself.
+  // Default: true.
+  bool lock = true;
+  // With `lock` and `read_only`: hold only the read lock and let writers
+  // in (qemu-img -U). The reader may then see a torn, changing image.
+  // Default: false.
+  bool force_share = false;
 };
 
-// Opens a file with pread/pwrite/fdatasync. Errors name the path.
+// Opens a file with pread/pwrite/fdatasync, and locks it as `opts.lock`
+// says. A block device works as a file of fixed size (BLKGETSIZE64):
+// growing it past its end fails with kResourceExhausted ("no space left
+// on /dev/X (N GiB)"), and its unwritten space is never assumed to read as
+// zeros. Errors name the path; ENOSPC and EDQUOT are kResourceExhausted
+// "no space left on <path>".
 QCOW2_EXPORT
 absl::StatusOr<std::unique_ptr<File>> OpenPosixFile(const std::string& path,
                                                     const FileOptions& opts);

@@ -31,7 +31,10 @@ struct OpenOptions {
   bool direct_io = false;
 
   // Format of the top image; empty probes it (qcow2 magic, else raw).
-  // Default: probe.
+  // An image probed as raw refuses writes to its first 512 bytes that
+  // would make it probe as another format (kPermissionDenied), as QEMU
+  // does: a guest must not turn its disk into a qcow2 image naming a host
+  // file as backing. Name "raw" to allow such writes. Default: probe.
   std::string format;
 
   // Bytes of L2 table cache per qcow2 image. The default maps a 256 GiB
@@ -54,8 +57,23 @@ struct OpenOptions {
   bool open_backing = true;
 
   // When not empty, every backing file must resolve to a path inside this
-  // directory. Default: empty (no restriction).
+  // directory (symbolic links resolved), else the open fails with
+  // kPermissionDenied. Set it to the directory that holds an untrusted
+  // image, e.g. `opts.backing_root = "/var/lib/images";`. Default: empty
+  // (no restriction: a backing name may point anywhere the process can
+  // read; see docs/security.md).
   std::string backing_root;
+
+  // Take QEMU's image locks on the files of the chain (see FileOptions::
+  // lock): the top read-write or read-only, backing files read-only.
+  // Default: true.
+  bool lock = true;
+
+  // Open read-only even while another process (QEMU, qcowtool) writes the
+  // image: take only the shared read lock, as `qemu-img -U` does. The data
+  // read may be inconsistent. Only with read_write false, else the open
+  // fails with kInvalidArgument. Default: false.
+  bool force_share = false;
 
   // Opens the files. nullptr means DefaultFileOpener(). Not owned; must
   // outlive the image.

@@ -35,11 +35,32 @@
 //    order the Submit calls reached the image). Each sees all or none of
 //    the other's effect: results equal running every request alone, in
 //    that order.
-//  - Buffers passed to Submit* must stay valid until the callback runs.
+//  - Buffers passed to Submit* must stay valid until the callback runs
+//    (for SubmitReadv/SubmitWritev: the segments' memory; the iovec array
+//    itself is copied and may be reused as soon as the call returns).
 //  - Flush covers every write whose callback ran before the flush was
 //    submitted, on every queue.
 //  - Destroying a Queue waits for its requests (callbacks still run); the
 //    Queue must be destroyed before its Image is closed.
+//
+// Event loops: EventFd() gives a file descriptor to watch with epoll,
+// poll or select (EPOLLIN). The pattern, with no lost wake-up:
+//
+//   int efd = queue->EventFd();              // once; owned by the queue
+//   epoll_ctl(ep, EPOLL_CTL_ADD, efd, &ev);  // ev.events = EPOLLIN
+//   for (;;) {
+//     epoll_wait(ep, ...);                   // efd readable
+//     uint64_t n; read(efd, &n, sizeof n);   // reset it first ...
+//     while (queue->Poll(0) > 0) {}          // ... then reap until none
+//   }
+//
+// The descriptor becomes readable whenever Poll(0) has work to do: an I/O
+// of the queue finished, a request that waited for another may go on, or
+// a request finished at once inside a Submit call (a read of zeros, an
+// error found while planning). Reading it before polling means whatever
+// finishes after that leaves it readable again. It may also be readable
+// with nothing to reap (Poll(0) then returns 0). It is never a descriptor
+// the queue reads or waits on itself.
 //
 // Backend: io_uring (one ring per queue) for files the library opened
 // itself; if a ring cannot be set up (old kernel, seccomp), the queue runs
@@ -47,6 +68,8 @@
 // by the embedder (File objects) are always driven synchronously.
 #ifndef QCOW2_QUEUE_H_
 #define QCOW2_QUEUE_H_
+
+#include <sys/uio.h>
 
 #include <cstdint>
 #include <functional>
@@ -87,6 +110,23 @@ class QCOW2_EXPORT Queue {
                           Completion done);
   absl::Status SubmitWrite(uint64_t offset, absl::Span<const uint8_t> data,
                            Completion done);
+  // Vectored forms: the request covers the segments in order, `offset` to
+  // offset + the sum of their lengths, as one request (ordered, atomic
+  // against overlapping requests, one callback). The bytes move between
+  // the file and the segments themselves: reads and writes of allocated
+  // clusters are issued as preadv/pwritev (IORING_OP_READV/WRITEV) whose
+  // iovecs point into the segments, split where the image's clusters do.
+  // Only what must be merged with other data is copied: the head and tail
+  // a copy-on-write combines with backing data, and decompressed
+  // clusters. A write of two or more segments holds its whole clusters
+  // (it never takes the byte-range path of deferred copy-on-write).
+  // Segments may have any length (0 too) and alignment; `iov` may be
+  // reused once the call returns, the memory it points to not until the
+  // callback runs.
+  absl::Status SubmitReadv(uint64_t offset, absl::Span<const iovec> iov,
+                           Completion done);
+  absl::Status SubmitWritev(uint64_t offset, absl::Span<const iovec> iov,
+                            Completion done);
   absl::Status SubmitWriteZeroes(uint64_t offset, uint64_t len, bool unmap,
                                  Completion done);
   absl::Status SubmitDiscard(uint64_t offset, uint64_t len, Completion done);
@@ -98,6 +138,14 @@ class QCOW2_EXPORT Queue {
   int Poll(int min_complete = 0);
   // Polls until nothing is in flight.
   void Drain();
+
+  // An eventfd (EFD_NONBLOCK | EFD_CLOEXEC) that is readable whenever
+  // Poll(0) has completions to deliver or requests to move (see the event
+  // loop pattern at the top of this file). Created on the first call; the
+  // same descriptor every time after. Owned by the queue and closed with
+  // it: never close it yourself. Returns a negative errno if it cannot be
+  // created (EMFILE, ENFILE).
+  int EventFd();
 
   int in_flight() const;
   int depth() const;

@@ -2,7 +2,11 @@
 // CreateImage: new qcow2 and raw images, laid out as qemu-img lays them out
 // (header, refcount table, first refcount block, L1 table), then optional
 // preallocation through the normal write path.
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <filesystem>
+#include <system_error>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -104,8 +108,37 @@ absl::StatusOr<uint64_t> BackingSize(const std::string& path,
   return (*image)->size();
 }
 
+// The L1 table of a `size`-byte disk must fit QEMU's limit.
+absl::Status CheckSizeFits(const std::string& path, const CreateOptions& o,
+                           uint64_t size) {
+  if (o.format == ImageFormat::kRaw) return absl::OkStatus();
+  const uint32_t cluster_bits =
+      static_cast<uint32_t>(__builtin_ctz(o.cluster_size));
+  const uint64_t l1_entries = RequiredL1Entries(
+      size, cluster_bits, o.extended_l2 ? 16 : 8);
+  if (l1_entries * 8 > kMaxL1Bytes) {
+    return Invalid(path, absl::StrCat("virtual size ", size,
+                                      " is too large for cluster size ",
+                                      o.cluster_size,
+                                      " (try a larger cluster size)"));
+  }
+  return absl::OkStatus();
+}
+
+// What is at `path` before the create: nothing (or not a path on this
+// machine's file system), a file, or a block device.
+enum class Existing { kNothing, kFile, kDevice };
+
+absl::StatusOr<Existing> LookAt(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return Existing::kNothing;
+  if (S_ISDIR(st.st_mode)) return Invalid(path, "is a directory");
+  return S_ISBLK(st.st_mode) ? Existing::kDevice : Existing::kFile;
+}
+
 absl::Status CreateQcow2(File* file, const std::string& path,
-                         const CreateOptions& o, uint64_t size) {
+                         const CreateOptions& o, uint64_t size,
+                         bool device) {
   Header h;
   const bool v2 = o.compat == "0.10" || o.compat == "v2";
   h.version = v2 ? 2 : 3;
@@ -173,7 +206,11 @@ absl::Status CreateQcow2(File* file, const std::string& path,
   RETURN_IF_ERROR(file->WriteAt(0, header));
   RETURN_IF_ERROR(file->WriteAt(cs, table));
   RETURN_IF_ERROR(file->WriteAt((1 + table_clusters) * cs, block_bytes));
-  std::vector<uint8_t> l1(uint64_t{h.l1_size} * 8, 0);
+  // A device keeps whatever it held past what is written: the whole
+  // cluster of the L1 table is written there, in case the table grows in
+  // place.
+  std::vector<uint8_t> l1(
+      device ? l1_clusters * cs : uint64_t{h.l1_size} * 8, 0);
   RETURN_IF_ERROR(file->WriteAt(h.l1_table_offset, l1));
   RETURN_IF_ERROR(file->Truncate(h.l1_table_offset + l1.size()));
   return file->Flush();
@@ -182,21 +219,13 @@ absl::Status CreateQcow2(File* file, const std::string& path,
 }  // namespace
 }  // namespace internal
 
-absl::Status CreateImage(const std::string& path, const CreateOptions& opts) {
-  using namespace internal;
-  RETURN_IF_ERROR(ValidateCreate(path, opts));
-  uint64_t size = opts.size;
-  if (size == 0 && !opts.backing_file.empty()) {
-    ASSIGN_OR_RETURN(size, BackingSize(path, opts));
-  }
-  size = AlignUp(size, 512);
-  FileOpener* opener = opts.opener ? opts.opener : DefaultFileOpener();
-  FileOptions fo;
-  fo.read_only = false;
-  fo.create = true;
-  fo.exclusive = true;
-  ASSIGN_OR_RETURN(std::unique_ptr<File> file, opener->Open(path, fo));
+namespace internal {
+namespace {
 
+// Lays out the new image in `file`, which this create made (or a device).
+absl::Status WriteNewImage(std::unique_ptr<File> file, const std::string& path,
+                           const CreateOptions& opts, uint64_t size,
+                           bool device) {
   if (opts.format == ImageFormat::kRaw) {
     RETURN_IF_ERROR(file->Truncate(size));
     if (opts.preallocation == Preallocation::kFalloc) {
@@ -211,7 +240,7 @@ absl::Status CreateImage(const std::string& path, const CreateOptions& opts) {
     return file->Flush();
   }
 
-  RETURN_IF_ERROR(CreateQcow2(file.get(), path, opts, size));
+  RETURN_IF_ERROR(CreateQcow2(file.get(), path, opts, size, device));
   if (opts.preallocation == Preallocation::kOff) return absl::OkStatus();
   OpenOptions oo;
   oo.read_write = true;
@@ -220,6 +249,38 @@ absl::Status CreateImage(const std::string& path, const CreateOptions& opts) {
   ASSIGN_OR_RETURN(auto layer, Qcow2Layer::Open(std::move(file), oo));
   RETURN_IF_ERROR(layer->writer().Preallocate(opts.preallocation));
   return layer->Close();
+}
+
+}  // namespace
+}  // namespace internal
+
+absl::Status CreateImage(const std::string& path, const CreateOptions& opts) {
+  using namespace internal;
+  RETURN_IF_ERROR(ValidateCreate(path, opts));
+  uint64_t size = opts.size;
+  if (size == 0 && !opts.backing_file.empty()) {
+    ASSIGN_OR_RETURN(size, BackingSize(path, opts));
+  }
+  size = AlignUp(size, 512);
+  RETURN_IF_ERROR(CheckSizeFits(path, opts, size));
+  ASSIGN_OR_RETURN(Existing existing, LookAt(path));
+  const bool device = existing == Existing::kDevice;
+  FileOpener* opener = opts.opener ? opts.opener : DefaultFileOpener();
+  FileOptions fo;
+  fo.read_only = false;
+  // A device is formatted in place (as qemu-img does): never created,
+  // never truncated; its locks keep QEMU out meanwhile.
+  fo.create = !device;
+  fo.exclusive = !device;
+  ASSIGN_OR_RETURN(std::unique_ptr<File> file, opener->Open(path, fo));
+  absl::Status s = WriteNewImage(std::move(file), path, opts, size, device);
+  if (!s.ok() && existing == Existing::kNothing) {
+    // Made here (O_EXCL): a failed create leaves nothing behind. A file
+    // or device that was there before is never removed.
+    std::error_code ignored;
+    std::filesystem::remove(path, ignored);
+  }
+  return s;
 }
 
 }  // namespace qcow2

@@ -2,6 +2,7 @@
 // The public Image: a thin facade over internal::Engine.
 #include "qcow2/image.h"
 
+#include "absl/strings/str_cat.h"
 #include "lib/base/status_macros.h"
 #include "lib/engine/engine.h"
 #include "lib/engine/runner.h"
@@ -32,10 +33,16 @@ Image::~Image() {
 
 absl::StatusOr<std::unique_ptr<Image>> Image::Open(const std::string& path,
                                                    const OpenOptions& opts) {
+  if (opts.force_share && opts.read_write) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": force_share can only be used with read-only images"));
+  }
   FileOpener* opener = opts.opener ? opts.opener : DefaultFileOpener();
   FileOptions fo;
   fo.read_only = !opts.read_write;
   fo.direct = opts.direct_io;
+  fo.lock = opts.lock;
+  fo.force_share = opts.force_share;
   ASSIGN_OR_RETURN(std::unique_ptr<File> file, opener->Open(path, fo));
   return Open(std::move(file), opts);
 }

@@ -3,6 +3,7 @@
 #include <memory>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "lib/engine/queue_impl.h"
 #include "qcow2/image.h"
 #include "qcow2/queue.h"
@@ -33,6 +34,74 @@ absl::Status Queue::SubmitWrite(uint64_t offset, absl::Span<const uint8_t> data,
   r->offset = offset;
   r->len = data.size();
   r->wbuf = data.data();
+  r->done = std::move(done);
+  return impl_->Submit(std::move(r));
+}
+
+namespace {
+
+// The request of a vectored read or write: one segment is a plain request.
+absl::Status ScatterRequest(Request* r, uint64_t offset,
+                            absl::Span<const iovec> iov) {
+  r->offset = offset;
+  uint64_t len = 0;
+  for (const iovec& v : iov) {
+    if (v.iov_len > 0 && v.iov_base == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "vectored request at ", offset, ": segment ", &v - iov.data(),
+          " of ", iov.size(), " has no buffer (", v.iov_len, " bytes)"));
+    }
+    if (__builtin_add_overflow(len, uint64_t{v.iov_len}, &len)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "vectored request at ", offset, ": segment lengths overflow"));
+    }
+  }
+  r->len = len;
+  size_t used = 0;
+  const iovec* only = nullptr;
+  for (const iovec& v : iov) {
+    if (v.iov_len == 0) continue;
+    ++used;
+    only = &v;
+  }
+  if (used <= 1) {
+    auto* base = only != nullptr ? static_cast<uint8_t*>(only->iov_base)
+                                 : nullptr;
+    if (r->kind == Request::Kind::kRead) {
+      r->rbuf = base;
+    } else {
+      r->wbuf = base;
+    }
+    return absl::OkStatus();
+  }
+  r->segs.reserve(used);
+  for (const iovec& v : iov) {
+    if (v.iov_len > 0) r->segs.push_back(v);
+  }
+  if (r->kind == Request::Kind::kWrite) r->wbuf = internal::ScatterBase();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Queue::SubmitReadv(uint64_t offset, absl::Span<const iovec> iov,
+                                Completion done) {
+  auto r = std::make_unique<Request>();
+  r->kind = Request::Kind::kRead;
+  if (absl::Status s = ScatterRequest(r.get(), offset, iov); !s.ok()) {
+    return s;
+  }
+  r->done = std::move(done);
+  return impl_->Submit(std::move(r));
+}
+
+absl::Status Queue::SubmitWritev(uint64_t offset, absl::Span<const iovec> iov,
+                                 Completion done) {
+  auto r = std::make_unique<Request>();
+  r->kind = Request::Kind::kWrite;
+  if (absl::Status s = ScatterRequest(r.get(), offset, iov); !s.ok()) {
+    return s;
+  }
   r->done = std::move(done);
   return impl_->Submit(std::move(r));
 }
@@ -69,6 +138,7 @@ int Queue::Poll(int min_complete) { return impl_->Poll(min_complete); }
 void Queue::Drain() {
   while (impl_->in_flight() > 0) impl_->Poll(impl_->in_flight());
 }
+int Queue::EventFd() { return impl_->EventFd(); }
 int Queue::in_flight() const { return impl_->in_flight(); }
 int Queue::depth() const { return impl_->depth(); }
 bool Queue::uses_io_uring() const { return impl_->uses_io_uring(); }

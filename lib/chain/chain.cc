@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "lib/chain/chain.h"
+#include "lib/chain/probe_guard.h"
 
 #include <algorithm>
 #include <cstring>
@@ -90,6 +91,11 @@ absl::StatusOr<std::unique_ptr<Layer>> OpenLayer(std::unique_ptr<File> file,
     return std::unique_ptr<Layer>(std::move(layer));
   }
   if (fmt == "raw") {
+    // Probed (not named) and writable: the guest may not make it probe as
+    // something else.
+    if (format.empty() && opts.read_write) {
+      file = GuardProbedRaw(std::move(file));
+    }
     ASSIGN_OR_RETURN(auto layer, RawLayer::Open(std::move(file)));
     return std::unique_ptr<Layer>(std::move(layer));
   }
@@ -139,6 +145,8 @@ absl::StatusOr<std::unique_ptr<Chain>> Chain::Open(std::unique_ptr<File> top,
     FileOptions fo;
     fo.read_only = true;
     fo.direct = opts.direct_io;
+    fo.lock = opts.lock;
+    fo.force_share = opts.force_share;
     auto file = opener->Open(path, fo);
     if (!file.ok()) {
       return absl::Status(

@@ -6,7 +6,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "lib/chain/chain.h"
+#include "lib/chain/probe_guard.h"
 #include "lib/io/accounted_file.h"
+#include "lib/io/file_lock.h"
+#include "lib/io/posix_file.h"
 #include "lib/driver/qcow2_layer.h"
 #include "lib/base/status_macros.h"
 
@@ -66,6 +69,19 @@ absl::Status Chain::Resize(uint64_t new_size) {
   return top->flusher().Grow(new_size);
 }
 
+namespace {
+
+// The descriptor that holds an image file's locks (a PosixFile's, under the
+// library's own wrappers), or -1: an embedder's File holds none of ours.
+int LockFd(File* file) {
+  file = Unwrapped(file);
+  if (File* inner = GuardedFile(file)) file = Unwrapped(inner);
+  auto* posix = dynamic_cast<PosixFile*>(file);
+  return posix != nullptr ? posix->fd() : -1;
+}
+
+}  // namespace
+
 absl::Status Chain::Close() {
   if (closed_) return absl::OkStatus();
   closed_ = true;
@@ -74,6 +90,12 @@ absl::Status Chain::Close() {
   for (auto& layer : layers_) {
     absl::Status s = layer->Close();
     if (result.ok() && !s.ok()) result = s;
+  }
+  // A closed image lets others in at once, not when the Image object dies.
+  for (auto& layer : layers_) {
+    if (int fd = LockFd(layer->file()); fd >= 0) {
+      DropImageLocks(fd, LockPerms{kPermAll, 0}, LockPerms{});
+    }
   }
   return result;
 }
@@ -132,6 +154,7 @@ absl::Status Chain::CreateOverlay(const std::string& path,
   FileOptions fo;
   fo.read_only = false;
   fo.direct = opts_.direct_io;
+  fo.lock = opts_.lock;
   absl::StatusOr<std::unique_ptr<File>> file = opener->Open(path, fo);
   if (!file.ok()) return fail(file.status());
   OpenOptions oo = opts_;
@@ -145,6 +168,10 @@ absl::Status Chain::CreateOverlay(const std::string& path,
   if (absl::Status s = old_top->Close(); !s.ok()) {
     layer->reset();  // close the overlay's file before removing it
     return fail(s);
+  }
+  // Now a backing file: read-only locks, as QEMU keeps on it.
+  if (int fd = LockFd(old_top->file()); fd >= 0) {
+    DropImageLocks(fd, ImageLockPerms(true, false), ImageLockPerms(false, false));
   }
   if (Qcow2Layer* q = top_qcow2()) q->writer().set_backing(nullptr, nullptr);
   layers_.insert(layers_.begin(), std::move(layer).value());

@@ -21,6 +21,18 @@ absl::Status HeaderWriter::WriteHeaderFields() {
   return s_->meta->Flush();
 }
 
+absl::Status HeaderWriter::WriteWholeHeader() {
+  ASSIGN_OR_RETURN(std::vector<uint8_t> enc, EncodeHeader(s_->header));
+  // The whole cluster, as QEMU writes it: no bytes of a longer old
+  // extension area or backing name stay behind the new one.
+  enc.resize(s_->header.cluster_size(), 0);
+  EmitEvent("header-update");
+  CountMetadata(&IoStats::header_write_bytes, enc.size());
+  CountMetadata(&IoStats::host_flushes, 1);
+  RETURN_IF_ERROR(s_->meta->WriteAt(0, enc));
+  return s_->meta->Flush();
+}
+
 absl::Status HeaderWriter::PrepareWrite() {
   Header& header = s_->header;
   if (s_->closed) {
@@ -36,10 +48,11 @@ absl::Status HeaderWriter::PrepareWrite() {
   if (prepared_) return absl::OkStatus();
   const Header original = header;
   bool changed = false;
-  // We maintain no autoclear feature (bitmaps, raw data file): clear the
-  // bits so readers know those structures may be stale after our writes.
-  if (header.autoclear_features != 0) {
-    header.autoclear_features = 0;
+  // Autoclear features we do not maintain (a raw data file, bitmaps we
+  // do not keep): clear the bits so readers know those structures may be
+  // stale after our writes.
+  if ((header.autoclear_features & ~kept_autoclear_) != 0) {
+    header.autoclear_features &= kept_autoclear_;
     changed = true;
   }
   if (s_->lazy_refcounts &&

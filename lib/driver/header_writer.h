@@ -19,6 +19,13 @@ class HeaderWriter {
   // Rewrites the fixed header fields (not the extensions) from the state's
   // header, and flushes.
   absl::Status WriteHeaderFields();
+  // Rewrites cluster 0: the header, its extensions and the backing file
+  // name, zero padded (one write), and flushes.
+  absl::Status WriteWholeHeader();
+
+  // Autoclear bits PrepareWrite keeps because the layer maintains what
+  // they stand for (kAutoclearBitmaps, DirtyBitmaps). Default: none.
+  void set_kept_autoclear(uint64_t bits) { kept_autoclear_ = bits; }
 
   // Before the first change to the image: kFailedPrecondition unless it is
   // writable and open; clears the autoclear bits and sets the dirty bit
@@ -45,6 +52,7 @@ class HeaderWriter {
   Qcow2State* const s_;         // the layer's; outlives this
   bool prepared_ = false;       // PrepareWrite's header update is done
   uint64_t header_ticket_ = 0;  // see UnwrittenHeaderTicket()
+  uint64_t kept_autoclear_ = 0;  // see set_kept_autoclear()
 };
 
 }  // namespace qcow2::internal

@@ -155,6 +155,8 @@ absl::StatusOr<std::unique_ptr<Qcow2Layer>> Qcow2Layer::Open(
       std::max<uint64_t>(AlignUp(file_size, g.cluster_size), g.cluster_size));
   if (opts.read_write) {
     RETURN_IF_ERROR(OpenForWriting(&s, &layer->header_writer_, opts));
+    // Bitmaps are marked in use before any guest write can reach the file.
+    RETURN_IF_ERROR(layer->bitmaps_.OpenForWriting());
   }
   return layer;
 }
@@ -170,6 +172,12 @@ absl::Status Qcow2Layer::ReadExtent(const Extent& e, uint64_t extent_start,
 absl::Status Qcow2Layer::Close() {
   if (state_.closed) return absl::OkStatus();
   RETURN_IF_ERROR(Flush());
+  if (state_.writable && bitmaps_.maintained()) {
+    // Stored after the data they describe is durable; what the store
+    // freed is written by the second flush.
+    RETURN_IF_ERROR(bitmaps_.Store());
+    RETURN_IF_ERROR(Flush());
+  }
   RETURN_IF_ERROR(host_space_.GiveBackUnused());
   RETURN_IF_ERROR(header_writer_.MarkClean());
   state_.closed = true;

@@ -9,7 +9,8 @@
 //  - Zeroer: write-zeroes and discard;
 //  - FlushSequencer: crash-safe order of metadata writes, flushes, Grow;
 //  - HostSpace: the file's length (grown ahead, given back on Close);
-//  - HeaderWriter: header fields, dirty and corrupt bits.
+//  - HeaderWriter: header fields, dirty and corrupt bits;
+//  - DirtyBitmaps: persistent dirty bitmaps (in use, marked, stored).
 #ifndef QCOW2_LIB_DRIVER_QCOW2_LAYER_H_
 #define QCOW2_LIB_DRIVER_QCOW2_LAYER_H_
 
@@ -29,6 +30,7 @@
 #include "lib/meta/cluster_map.h"
 #include "lib/meta/refcounts.h"
 #include "lib/meta/write_back_file.h"
+#include "lib/driver/bitmaps.h"
 #include "lib/driver/extent_reader.h"
 #include "lib/driver/flush_sequencer.h"
 #include "lib/driver/header_writer.h"
@@ -94,6 +96,7 @@ class Qcow2Layer : public Layer {
   FlushSequencer& flusher() { return flusher_; }
   HostSpace& host_space() { return host_space_; }
   HeaderWriter& header_writer() { return header_writer_; }
+  DirtyBitmaps& bitmaps() { return bitmaps_; }
 
  private:
   Qcow2Layer(std::unique_ptr<File> file, Header header, uint64_t file_size)
@@ -102,6 +105,7 @@ class Qcow2Layer : public Layer {
         header_writer_(&state_),
         host_space_(&state_),
         flusher_(&state_, &header_writer_, &pending_),
+        bitmaps_(&state_, &header_writer_, &flusher_),
         reader_(&state_, &guard_, &pending_),
         pending_(&state_, &guard_, &reader_, &writer_, &flusher_, &host_space_,
                  &header_writer_),
@@ -119,6 +123,7 @@ class Qcow2Layer : public Layer {
   HeaderWriter header_writer_;         // header fields, dirty and corrupt bits
   HostSpace host_space_;               // the file's length
   FlushSequencer flusher_;             // metadata write order, flushes, Grow
+  DirtyBitmaps bitmaps_;               // persistent dirty bitmaps
   ExtentReader reader_;                // Map, compressed reads
   internal::PendingClusters pending_;  // deferred copy-on-write
   WritePlanner writer_;                // write planning

@@ -74,7 +74,10 @@ bool Engine::Begin(Request* r) {
   Qcow2Layer* top = chain_->top_qcow2();
   bool fine = r->is_read() || top == nullptr;
   if (r->kind == Request::Kind::kWrite && top != nullptr) {
-    fine = top->pending().FineWritable(r->offset, r->len, /*stream=*/true);
+    // A vectored write of several segments holds its whole clusters
+    // (request.h: Request::segs).
+    fine = !r->scattered_write() &&
+           top->pending().FineWritable(r->offset, r->len, /*stream=*/true);
     top->pending().NoteWriteBegun(r->offset, r->len);
   }
   locks_.SetRange(r, fine);

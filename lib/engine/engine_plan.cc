@@ -62,6 +62,9 @@ void Engine::PlanLocked(Request* r) {
   CountGuest(r);
   Qcow2Layer* top = chain_->top_qcow2();
   if (top != nullptr && r->changes()) {
+    // Persistent dirty bitmaps: the granules this change touches (in
+    // memory, under the lock; idempotent if r is planned again).
+    top->bitmaps().Mark(r->offset, r->len);
     // The first write's header update is written by its own executor,
     // with no lock held: until it is, every write waits for it before
     // its own I/O (clearing the autoclear bits must precede any change).
@@ -74,8 +77,13 @@ void Engine::PlanLocked(Request* r) {
     case Request::Kind::kRead:
       PlanDeferringMisses(r, [&] {
         mu_.AssertHeld();  // run by PlanDeferringMisses, under the lock
-        return chain_->PlanRead(0, r->offset, r->rbuf, r->len, &r->plan,
-                                IoCategory::kGuestData);
+        // Straight into the caller's buffer, or each of its segments.
+        return ForEachSegment(
+            *r, [&](uint64_t at, uint8_t* dest, uint64_t n) {
+              mu_.AssertHeld();
+              return chain_->PlanRead(0, at, dest, n, &r->plan,
+                                      IoCategory::kGuestData);
+            });
       });
       break;
     case Request::Kind::kWrite: {

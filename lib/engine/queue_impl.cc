@@ -107,6 +107,7 @@ QueueImpl::~QueueImpl() {
     io_uring_queue_exit(&ring_);
   }
   if (event_fd_ >= 0) ::close(event_fd_);
+  if (const int fd = notify_fd_.load(); fd >= 0) ::close(fd);
   engine_->stats().Unregister(this);
 }
 
@@ -122,7 +123,60 @@ absl::Status QueueImpl::Submit(std::unique_ptr<Request> r) {
   req->waiter = this;
   ++in_flight_;
   if (engine_->Begin(req)) Start(req);
+  if (notify_fd_.load(std::memory_order_relaxed) >= 0) {
+    // An event loop waits for the notifier, not in Poll: its I/O must
+    // reach the kernel now. And a request that finished already (a read
+    // of zeros, an error found while planning, I/O run synchronously)
+    // has a callback for Poll(0) to run.
+    PushToKernel();
+    NotifyIfReady();
+  }
   return absl::OkStatus();
+}
+
+int QueueImpl::EventFd() {
+  if (const int fd = notify_fd_.load(); fd >= 0) return fd;
+  const int fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (fd < 0) return -errno;
+  if (ring_ok_) {
+    // Every completion the kernel posts on the ring makes it readable,
+    // whether the I/O finished before or after the embedder last polled.
+    // (The ring's own wake-up, a poll on event_fd_, posts one too.)
+    if (const int rc = io_uring_register_eventfd(&ring_, fd); rc < 0) {
+      ::close(fd);
+      return rc;
+    }
+  }
+  notify_fd_.store(fd);
+  // What is ready already.
+  NotifyIfReady();
+  return fd;
+}
+
+void QueueImpl::PushToKernel() {
+  if (!ring_ok_) return;
+  SubmitBacklog();
+  io_uring_submit(&ring_);
+}
+
+void QueueImpl::Notify() {
+  const int fd = notify_fd_.load(std::memory_order_acquire);
+  if (fd < 0) return;
+  uint64_t one = 1;
+  if (::write(fd, &one, sizeof(one)) < 0) {
+    // EAGAIN: the counter is at its maximum, so readable already.
+  }
+}
+
+void QueueImpl::NotifyIfReady() {
+  if (notify_fd_.load(std::memory_order_relaxed) < 0) return;
+  bool ready = !done_.empty() || !backlog_.empty();
+  if (!ready) {
+    MutexLock lock(&wake_mu_);
+    ready = !woken_.empty();
+  }
+  if (!ready && ring_ok_) ready = io_uring_cq_ready(&ring_) > 0;
+  if (ready) Notify();
 }
 
 int QueueImpl::Poll(int min_complete) {
@@ -136,7 +190,15 @@ int QueueImpl::Poll(int min_complete) {
       }
     }
     ran += RunCallbacks();
-    if (ran >= min_complete || in_flight_ == 0) return ran;
+    if (ran >= min_complete || in_flight_ == 0) {
+      // Ops issued while completions were handled go to the kernel now
+      // (the caller may wait on the notifier next, not in Poll). Callbacks
+      // may have submitted requests that finished at once, or completions
+      // may wait that this pass did not reap: the embedder polls again.
+      PushToKernel();
+      NotifyIfReady();
+      return ran;
+    }
     if (!done_.empty()) continue;
     // Nothing finished yet: wait for the ring or for a wake-up.
     {
@@ -170,6 +232,9 @@ void QueueImpl::Wake(Request* r) {
   if (::write(event_fd_, &one, sizeof(one)) < 0) {
     // The counter cannot overflow in practice; nothing to do.
   }
+  // Told directly: the ring's poll on event_fd_ may not be armed in the
+  // kernel right now.
+  Notify();
 }
 
 IoStats QueueImpl::Snapshot() const {

@@ -39,6 +39,8 @@ class QueueImpl final : public Executor,
 
   absl::Status Submit(std::unique_ptr<Request> r);
   int Poll(int min_complete);
+  // The embedder's notifier (Queue::EventFd): created on the first call.
+  int EventFd();
 
   // Executor.
   void Issue(Request* r, IoOp* op, OpType type) override;
@@ -66,12 +68,25 @@ class QueueImpl final : public Executor,
   // last one in flight.
   void OpDone(Request* r);
   int RunCallbacks();
+  // Submits the ops prepared on the ring (and the backlog, as far as it
+  // fits) to the kernel.
+  void PushToKernel();
+  // Makes the embedder's notifier readable (when there is one).
+  void Notify();
+  // Notify() when Poll(0) has something to do now (finished requests to
+  // call back, woken requests to plan): the end of Submit and Poll.
+  void NotifyIfReady();
 
   Engine* const engine_;
   const int depth_;
   io_uring ring_{};
   bool ring_ok_ = false;
+  // Internal: wake-ups (Wake) for the polling thread, watched by the ring.
   int event_fd_ = -1;
+  // The embedder's notifier, never read by the queue: written by Notify()
+  // and, once registered with io_uring_register_eventfd, by the kernel for
+  // every completion posted on the ring. Written from any thread (Wake).
+  std::atomic<int> notify_fd_{-1};
   uint64_t event_buf_ = 0;
   bool event_armed_ = false;
   bool closing_ = false;

@@ -4,6 +4,8 @@
 #ifndef QCOW2_LIB_ENGINE_REQUEST_H_
 #define QCOW2_LIB_ENGINE_REQUEST_H_
 
+#include <sys/uio.h>
+
 #include <cstdint>
 #include <memory>
 #include <utility>
@@ -122,6 +124,15 @@ struct Request {
   uint64_t len = 0;
   uint8_t* rbuf = nullptr;        // kRead
   const uint8_t* wbuf = nullptr;  // kWrite
+  // A vectored read or write (Queue::SubmitReadv/Writev) of two or more
+  // segments: a copy of the caller's iovec array (the buffers stay the
+  // caller's), `len` bytes in all. A read is planned segment by segment
+  // straight into them (ForEachSegment); a write is planned against the
+  // stand-in buffer ScatterBase() and its ops are pointed into the
+  // segments before they are issued (MapIntoSegments, lib/io/io_plan.h).
+  // Such a write holds its whole clusters: the deferred copy-on-write of a
+  // byte-range write keeps a contiguous pointer to the guest data.
+  std::vector<iovec> segs;
   bool unmap = false;             // kWriteZeroes
   Completion done;
 
@@ -160,10 +171,31 @@ struct Request {
   void* owner = nullptr;  // the queue, or null for a synchronous call
 
   bool is_flush() const { return kind == Kind::kFlush; }
+  // A write whose data is in `segs` (wbuf is ScatterBase()).
+  bool scattered_write() const {
+    return kind == Kind::kWrite && !segs.empty();
+  }
   bool is_read() const { return kind == Kind::kRead; }
   // Changes the disk (write, write-zeroes, discard).
   bool changes() const { return !is_read() && !is_flush(); }
 };
+
+// Calls fn(guest offset, buffer, length) for each piece of a read's buffer
+// in order: its segments (a vectored read), or rbuf whole. Stops at the
+// first error.
+template <typename Fn>
+absl::Status ForEachSegment(const Request& r, Fn&& fn) {
+  if (r.segs.empty()) return fn(r.offset, r.rbuf, r.len);
+  uint64_t pos = r.offset;
+  for (const iovec& v : r.segs) {
+    if (v.iov_len == 0) continue;
+    absl::Status s = fn(pos, static_cast<uint8_t*>(v.iov_base),
+                        static_cast<uint64_t>(v.iov_len));
+    if (!s.ok()) return s;
+    pos += v.iov_len;
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace qcow2::internal
 

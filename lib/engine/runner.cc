@@ -79,6 +79,10 @@ void Advance(Engine* engine, Executor* x, Request* r) {
           continue;  // the miss read is issued (or already done)
         }
         r->stage = Stage::kReads;
+        if (r->scattered_write()) {
+          // The guest bytes go from the caller's segments, not a copy.
+          MapIntoSegments(&r->plan.writes, r->segs);
+        }
         IssueAll(x, r, r->plan.reads, Executor::OpType::kRead);
         break;
       case Stage::kMissRead:

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "lib/io/io_plan.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -91,6 +92,90 @@ void IoPlan::Clear() {
   aborts.clear();
   decompressed.clear();
   buffers_.clear();
+}
+
+const uint8_t* ScatterBase() {
+  return reinterpret_cast<const uint8_t*>(uintptr_t{1} << 62);
+}
+
+void MapIntoSegments(std::vector<IoOp>* ops, absl::Span<const iovec> segs) {
+  const uintptr_t base = reinterpret_cast<uintptr_t>(ScatterBase());
+  uint64_t total = 0;
+  for (const iovec& v : segs) total += v.iov_len;
+  // Where each segment starts in the stand-in buffer.
+  std::vector<uint64_t> starts;
+  starts.reserve(segs.size());
+  for (uint64_t at = 0; const iovec& v : segs) {
+    starts.push_back(at);
+    at += v.iov_len;
+  }
+  std::vector<IoOp> out;
+  out.reserve(ops->size());
+  for (IoOp& op : *ops) {
+    bool mapped = false;
+    for (const iovec& v : op.iov) {
+      const uintptr_t p = reinterpret_cast<uintptr_t>(v.iov_base);
+      if (p >= base && p - base < total) mapped = true;
+    }
+    if (!mapped) {
+      out.push_back(std::move(op));
+      continue;
+    }
+    // The op's iovecs, the guest bytes among them pointed into `segs`.
+    std::vector<iovec> iov;
+    std::vector<bool> guest;
+    for (const iovec& v : op.iov) {
+      const uintptr_t p = reinterpret_cast<uintptr_t>(v.iov_base);
+      if (p < base || p - base >= total) {
+        iov.push_back(v);
+        guest.push_back(false);
+        continue;
+      }
+      uint64_t at = p - base;
+      uint64_t left = v.iov_len;
+      // The segment holding `at`: the last one starting at or before it.
+      size_t i = static_cast<size_t>(
+          std::upper_bound(starts.begin(), starts.end(), at) - starts.begin() -
+          1);
+      while (left > 0 && i < segs.size()) {
+        const uint64_t into = at - starts[i];
+        const uint64_t n = std::min<uint64_t>(left, segs[i].iov_len - into);
+        if (n > 0) {
+          iov.push_back({static_cast<uint8_t*>(segs[i].iov_base) + into, n});
+          guest.push_back(true);
+        }
+        at += n;
+        left -= n;
+        ++i;
+      }
+    }
+    if (iov.size() <= kMaxIov) {
+      op.iov = std::move(iov);
+      out.push_back(std::move(op));
+      continue;
+    }
+    // Too many iovecs for one call: consecutive ops, the guest bytes
+    // counted where they are.
+    uint64_t offset = op.offset;
+    uint64_t guest_left = op.guest_bytes;
+    for (size_t i = 0; i < iov.size(); i += kMaxIov) {
+      IoOp piece;
+      piece.file = op.file;
+      piece.offset = offset;
+      piece.category = op.category;
+      uint64_t mapped_bytes = 0;
+      for (size_t j = i; j < std::min(iov.size(), i + kMaxIov); ++j) {
+        piece.Add(iov[j].iov_base, iov[j].iov_len);
+        if (guest[j]) mapped_bytes += iov[j].iov_len;
+      }
+      piece.guest_bytes = std::min(guest_left, mapped_bytes);
+      guest_left -= piece.guest_bytes;
+      offset += piece.bytes;
+      out.push_back(std::move(piece));
+    }
+    out.back().guest_bytes += guest_left;
+  }
+  *ops = std::move(out);
 }
 
 void CountIo(const IoOp& op, bool write, IoStats* stats) {

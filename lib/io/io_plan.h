@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "qcow2/file.h"
 #include "lib/base/io_context.h"
 #include "qcow2/stats.h"
@@ -114,6 +115,22 @@ struct ProbeProgress {
   uint64_t clusters_done = 0;
   uint64_t allocations = 0;  // clusters probed so far that may allocate
 };
+
+// A vectored write is planned against a stand-in buffer of its length at
+// ScatterBase(): an address no allocation can have (above every user
+// address of x86-64 and arm64), so that nothing else in a plan points
+// into [ScatterBase(), ScatterBase() + len). Planning only records where
+// the guest bytes go (iovec pointers); it never reads them. Should an op
+// reach the kernel unmapped, the call fails with EFAULT.
+const uint8_t* ScatterBase();
+
+// Points the iovecs of `ops` that fall in [ScatterBase(), ScatterBase() +
+// total of `segs`) into the caller's segments `segs` instead (the guest
+// bytes are then written from where the caller has them, never copied),
+// splitting them at segment boundaries, and an op whose iovecs grow past
+// IOV_MAX into several ops. Iovecs elsewhere (copy-on-write buffers) are
+// kept.
+void MapIntoSegments(std::vector<IoOp>* ops, absl::Span<const iovec> segs);
 
 // Counts a finished I/O into `stats`.
 void CountIo(const IoOp& op, bool write, IoStats* stats);

@@ -8,16 +8,23 @@
 #include <linux/magic.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/vfs.h>
 #include <linux/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "lib/io/file_lock.h"
 #include "lib/io/posix_file.h"
 #include "lib/base/math.h"
 #include "lib/base/status_macros.h"
@@ -27,11 +34,33 @@ namespace internal {
 
 absl::Status ErrnoError(int err, const std::string& what,
                         const std::string& name) {
-  absl::Status s = absl::ErrnoToStatus(err, absl::StrCat(what, " ", name));
   if (err == ENOSPC || err == EDQUOT) {
-    return absl::ResourceExhaustedError(s.message());
+    absl::string_view op = what;
+    if (absl::EndsWith(op, " of")) op.remove_suffix(3);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "no space left on ", name, " (", op, ": ", std::strerror(err), ")"));
   }
-  return s;
+  return absl::ErrnoToStatus(err, absl::StrCat(what, " ", name));
+}
+
+std::string ByteCount(uint64_t bytes) {
+  static constexpr const char* kUnits[] = {"bytes", "KiB", "MiB", "GiB",
+                                           "TiB", "PiB", "EiB"};
+  int u = 0;
+  double v = static_cast<double>(bytes);
+  while (v >= 1024 && u < 6) {
+    v /= 1024;
+    ++u;
+  }
+  if (u == 0) return absl::StrCat(bytes, " bytes");
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), v < 10 ? "%.1f %s" : "%.0f %s", v,
+                kUnits[u]);
+  std::string out = buf;
+  if (absl::StartsWith(out, absl::StrCat(static_cast<uint64_t>(v), ".0 "))) {
+    out.erase(out.find(".0 "), 2);
+  }
+  return out;
 }
 
 namespace {
@@ -46,13 +75,38 @@ bool OnPageCacheOnlyFileSystem(int fd) {
   return fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC;
 }
 
+// The size of a block device; nullopt for anything else (or when the
+// kernel will not say).
+std::optional<uint64_t> DeviceSize(int fd) {
+  struct stat st;
+  uint64_t bytes = 0;
+  if (::fstat(fd, &st) != 0 || !S_ISBLK(st.st_mode)) return std::nullopt;
+  if (::ioctl(fd, BLKGETSIZE64, &bytes) != 0) return std::nullopt;
+  return bytes;
+}
+
 }  // namespace
 
 PosixFile::PosixFile(int fd, std::string name, uint32_t alignment)
     : fd_(fd),
       name_(std::move(name)),
       alignment_(alignment),
-      page_cache_only_(OnPageCacheOnlyFileSystem(fd)) {}
+      page_cache_only_(OnPageCacheOnlyFileSystem(fd)),
+      device_size_(DeviceSize(fd)) {}
+
+absl::Status PosixFile::Error(int err, const std::string& what) const {
+  if (device_size_ && (err == ENOSPC || err == EDQUOT)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("no space left on ", name_, " (",
+                     ByteCount(*device_size_), "): ", what, " failed"));
+  }
+  return ErrnoError(err, absl::StrCat(what, " of"), name_);
+}
+
+absl::Status PosixFile::DeviceCannotGrow(uint64_t size) const {
+  if (size <= *device_size_) return absl::OkStatus();
+  return Error(ENOSPC, absl::StrCat("growing the image to ", size, " bytes"));
+}
 
 PosixFile::~PosixFile() { ::close(fd_); }
 
@@ -61,8 +115,7 @@ absl::Status PosixFile::RawRead(uint64_t offset, uint8_t* buf, size_t len) {
     ssize_t n = ::pread(fd_, buf, len, static_cast<off_t>(offset));
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
-      return ErrnoError(errno, absl::StrCat("read at ", offset, " of"),
-                        name_);
+      return Error(errno, absl::StrCat("read at ", offset));
     }
     if (n == 0) {  // past the end of the file: zeros
       std::memset(buf, 0, len);
@@ -81,9 +134,9 @@ absl::Status PosixFile::RawWrite(uint64_t offset, const uint8_t* buf,
     ssize_t n = ::pwrite(fd_, buf, len, static_cast<off_t>(offset));
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
-      return ErrnoError(errno, absl::StrCat("write at ", offset, " of"),
-                        name_);
+      return Error(errno, absl::StrCat("write at ", offset));
     }
+    if (n == 0) return Error(ENOSPC, absl::StrCat("write at ", offset));
     buf += n;
     offset += n;
     len -= n;
@@ -94,6 +147,66 @@ absl::Status PosixFile::RawWrite(uint64_t offset, const uint8_t* buf,
 bool PosixFile::Aligned(uint64_t offset, const void* buf, size_t len) const {
   return IsAligned(offset, alignment_) && IsAligned(len, alignment_) &&
          IsAligned(reinterpret_cast<uintptr_t>(buf), alignment_);
+}
+
+absl::Status PosixFile::RawVector(uint64_t offset, absl::Span<const iovec> iov,
+                                  bool write) {
+  std::vector<iovec> rest(iov.begin(), iov.end());
+  size_t first = 0;
+  while (true) {
+    while (first < rest.size() && rest[first].iov_len == 0) ++first;
+    if (first == rest.size()) break;
+    const int count =
+        static_cast<int>(std::min<size_t>(rest.size() - first, IOV_MAX));
+    const ssize_t n =
+        write ? ::pwritev(fd_, &rest[first], count, static_cast<off_t>(offset))
+              : ::preadv(fd_, &rest[first], count, static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return Error(errno, absl::StrCat(write ? "write at " : "read at ",
+                                       offset));
+    }
+    if (n == 0) {
+      if (write) return Error(ENOSPC, absl::StrCat("write at ", offset));
+      // Past the end of the file: the rest reads as zeros.
+      for (size_t i = first; i < rest.size(); ++i) {
+        std::memset(rest[i].iov_base, 0, rest[i].iov_len);
+      }
+      return absl::OkStatus();
+    }
+    offset += static_cast<uint64_t>(n);
+    size_t done = static_cast<size_t>(n);
+    while (first < rest.size() && done >= rest[first].iov_len) {
+      done -= rest[first].iov_len;
+      ++first;
+    }
+    if (done > 0) {  // a short transfer ended inside this segment
+      rest[first].iov_base = static_cast<uint8_t*>(rest[first].iov_base) + done;
+      rest[first].iov_len -= done;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PosixFile::ReadvAt(uint64_t offset, absl::Span<const iovec> iov) {
+  uint64_t pos = offset;
+  for (const iovec& v : iov) {
+    if (!Aligned(pos, v.iov_base, v.iov_len)) return File::ReadvAt(offset, iov);
+    pos += v.iov_len;
+  }
+  return RawVector(offset, iov, /*write=*/false);
+}
+
+absl::Status PosixFile::WritevAt(uint64_t offset,
+                                 absl::Span<const iovec> iov) {
+  uint64_t pos = offset;
+  for (const iovec& v : iov) {
+    if (!Aligned(pos, v.iov_base, v.iov_len)) {
+      return File::WritevAt(offset, iov);
+    }
+    pos += v.iov_len;
+  }
+  return RawVector(offset, iov, /*write=*/true);
 }
 
 absl::Status PosixFile::ReadAt(uint64_t offset, absl::Span<uint8_t> buf) {
@@ -143,17 +256,16 @@ absl::Status PosixFile::Flush() {
 absl::StatusOr<uint64_t> PosixFile::Size() {
   struct stat st;
   if (::fstat(fd_, &st) != 0) return ErrnoError(errno, "fstat of", name_);
-  if (S_ISBLK(st.st_mode)) {
-    uint64_t bytes = 0;
-    if (::ioctl(fd_, BLKGETSIZE64, &bytes) != 0) {
-      return ErrnoError(errno, "BLKGETSIZE64 of", name_);
-    }
-    return bytes;
-  }
+  if (device_size_) return *device_size_;
   return static_cast<uint64_t>(st.st_size);
 }
 
 absl::Status PosixFile::Truncate(uint64_t size) {
+  // A device keeps its size and its bytes: the new bytes of a grown image
+  // hold whatever the device held there, which the driver never assumes
+  // reads as zeros (its allocator treats everything below the device's
+  // end as written).
+  if (device_size_) return DeviceCannotGrow(size);
   if (::ftruncate(fd_, static_cast<off_t>(size)) != 0) {
     return ErrnoError(errno, absl::StrCat("truncate to ", size, " of"), name_);
   }
@@ -161,6 +273,7 @@ absl::Status PosixFile::Truncate(uint64_t size) {
 }
 
 absl::Status PosixFile::GrowTo(uint64_t size) {
+  if (device_size_) return DeviceCannotGrow(size);
   std::lock_guard<std::mutex> lock(size_mu_);
   struct stat st;
   if (::fstat(fd_, &st) != 0) return ErrnoError(errno, "fstat of", name_);
@@ -173,7 +286,7 @@ absl::Status PosixFile::GrowTo(uint64_t size) {
 }
 
 absl::Status PosixFile::Extend(uint64_t old_size, uint64_t new_size) {
-  if (page_cache_only_) return GrowTo(new_size);
+  if (page_cache_only_ || device_size_) return GrowTo(new_size);
   // Blocks reserved ahead (unwritten extents, reading as zeros) let a direct
   // write land without allocating: ext4 then takes the inode lock shared,
   // where a write into a hole takes it exclusively.
@@ -189,7 +302,7 @@ absl::Status PosixFile::Extend(uint64_t old_size, uint64_t new_size) {
 }
 
 absl::Status PosixFile::Reserve(uint64_t offset, uint64_t len) {
-  if (page_cache_only_) return GrowTo(offset + len);
+  if (page_cache_only_ || device_size_) return GrowTo(offset + len);
   if (::fallocate(fd_, 0, static_cast<off_t>(offset),
                   static_cast<off_t>(len)) == 0) {
     return absl::OkStatus();
@@ -320,9 +433,23 @@ absl::StatusOr<std::unique_ptr<File>> OpenPosixFile(const std::string& path,
     }
     return internal::ErrnoError(err, "cannot open", path);
   }
+  if (opts.lock) {
+    absl::Status locked = internal::LockImageFile(
+        fd, path, internal::ImageLockPerms(!opts.read_only,
+                                           opts.force_share));
+    if (!locked.ok()) {
+      ::close(fd);
+      return locked;
+    }
+  }
   uint32_t alignment = 1;
   if (opts.direct) {
-    ASSIGN_OR_RETURN(alignment, internal::ProbeDirectAlignment(fd));
+    absl::StatusOr<uint32_t> a = internal::ProbeDirectAlignment(fd);
+    if (!a.ok()) {
+      ::close(fd);
+      return a.status();
+    }
+    alignment = *a;
   }
   return std::unique_ptr<File>(new internal::PosixFile(fd, path, alignment));
 }

@@ -6,16 +6,21 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "qcow2/file.h"
 
 namespace qcow2::internal {
 
-// Converts an errno into a Status naming the operation and file; ENOSPC and
-// EDQUOT become kResourceExhausted.
+// Converts an errno into a Status naming the operation and file: "<what>
+// <name>: <strerror>". ENOSPC and EDQUOT become kResourceExhausted "no
+// space left on <name> (<what> without a trailing " of": <strerror>)".
 absl::Status ErrnoError(int err, const std::string& what,
                         const std::string& name);
+
+// "512 bytes", "64 MiB", "1.5 GiB": a size for a message.
+std::string ByteCount(uint64_t bytes);
 
 // A heap buffer aligned for O_DIRECT. Move-only.
 class AlignedBuffer {
@@ -37,13 +42,17 @@ absl::StatusOr<uint32_t> ProbeDirectAlignment(int fd);
 
 class PosixFile : public File {
  public:
-  // Takes ownership of `fd`.
+  // Takes ownership of `fd` (a regular file or a block device).
   PosixFile(int fd, std::string name, uint32_t alignment);
   ~PosixFile() override;
 
   absl::Status ReadAt(uint64_t offset, absl::Span<uint8_t> buf) override;
   absl::Status WriteAt(uint64_t offset,
                        absl::Span<const uint8_t> data) override;
+  // One preadv/pwritev for every segment when all are aligned (always,
+  // without O_DIRECT); else segment by segment through ReadAt/WriteAt.
+  absl::Status ReadvAt(uint64_t offset, absl::Span<const iovec> iov) override;
+  absl::Status WritevAt(uint64_t offset, absl::Span<const iovec> iov) override;
   absl::Status Flush() override;
   absl::StatusOr<uint64_t> Size() override;
   absl::Status Truncate(uint64_t size) override;
@@ -67,16 +76,27 @@ class PosixFile : public File {
   absl::Status RawRead(uint64_t offset, uint8_t* buf, size_t len);
   absl::Status RawWrite(uint64_t offset, const uint8_t* buf, size_t len);
   bool Aligned(uint64_t offset, const void* buf, size_t len) const;
+  // preadv/pwritev until every byte of `iov` is done (short transfers
+  // resumed; a read past the end of the file fills zeros).
+  absl::Status RawVector(uint64_t offset, absl::Span<const iovec> iov,
+                         bool write);
   // Makes the file at least `size` bytes long; never shorter. Reserve's
   // way on tmpfs and ramfs, and where the file system has no fallocate.
   // (Reserve runs with no lock of the image's held: size_mu_ orders the
   // two steps against other lengthenings.)
   absl::Status GrowTo(uint64_t size);
+  // ErrnoError for this file; ENOSPC on a device names its size.
+  absl::Status Error(int err, const std::string& what) const;
+  // A device's size is fixed: OK up to it, kResourceExhausted past it.
+  // REQUIRES: device_size_.
+  absl::Status DeviceCannotGrow(uint64_t size) const;
 
   const int fd_;
   const std::string name_;
   const uint32_t alignment_;
   const bool page_cache_only_;  // tmpfs or ramfs
+  // Set for a block device: its size (BLKGETSIZE64), which never changes.
+  const std::optional<uint64_t> device_size_;
   std::mutex size_mu_;
 };
 

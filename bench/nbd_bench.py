@@ -1,0 +1,381 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""fio through NBD against three servers in one run.
+
+Servers (each on a Unix socket, one after the other, same jobs):
+  qcowtool  `qcowtool serve --direct` on a qcow2 image (the libqcow2 plugin)
+  qemu-nbd  `qemu-nbd --aio=io_uring --cache=none` on the same image
+  raw       nbdkit's `file` plugin on a raw file with the same bytes: the
+            transport's ceiling (no format at all; through the page cache)
+  raw-direct (only with --servers) qemu-nbd --cache=none on the raw file:
+            the ceiling for the O_DIRECT servers
+
+Jobs (fio --ioengine=nbd, one NBD connection per fio job):
+  CrystalDiskMark rows on the allocated image, read and write:
+    SEQ1M Q8T1, SEQ1M Q1T1, RND4K Q32T16, RND4K Q1T1
+  ovl-RND4K-Q32T1-write  4 KiB random writes into a fresh overlay (backed by
+                         the image; raw: a fresh sparse raw file)
+  3img-RND4K-Q32T1-write three writers on three fresh images at once, one
+                         server each (the "three VMs" case); summed
+
+Output: one JSON object per (server, job) row on stdout or --json FILE,
+and a markdown table (--table FILE, default stdout) with MB/s for SEQ rows
+and IOPS for RND rows, and qcowtool's ratio to qemu-nbd and to raw.
+
+  bench/nbd_bench.py --qcowtool build/qcowtool --size 1G --runtime 5
+  bench/nbd_bench.py --qcowtool build/qcowtool --small   # CI: 64 MiB, 1 s
+
+Exit status: 0 done, 77 a tool is missing (nbdkit, qemu-nbd, fio with the
+nbd engine), 1 a server or fio failed.
+"""
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+CDM_JOBS = [
+    # name, rw, bs, iodepth, numjobs
+    ("SEQ1M-Q8T1", "read", "1M", 8, 1),
+    ("SEQ1M-Q8T1", "write", "1M", 8, 1),
+    ("SEQ1M-Q1T1", "read", "1M", 1, 1),
+    ("SEQ1M-Q1T1", "write", "1M", 1, 1),
+    ("RND4K-Q32T16", "randread", "4k", 32, 16),
+    ("RND4K-Q32T16", "randwrite", "4k", 32, 16),
+    ("RND4K-Q1T1", "randread", "4k", 1, 1),
+    ("RND4K-Q1T1", "randwrite", "4k", 1, 1),
+]
+SERVERS = ["qcowtool", "qemu-nbd", "raw"]
+# Optional (--servers): the raw file through qemu-nbd with O_DIRECT, the
+# ceiling for O_DIRECT servers (nbdkit's file plugin goes through the page
+# cache).
+EXTRA_SERVERS = ["raw-direct"]
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run(argv, **kw):
+    r = subprocess.run(argv, capture_output=True, text=True, **kw)
+    if r.returncode != 0:
+        raise RuntimeError("%s failed (exit %d): %s" %
+                           (" ".join(argv), r.returncode, r.stderr.strip()))
+    return r.stdout
+
+
+def wait_socket(path, proc_check, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(path)
+            return
+        except OSError:
+            pass
+        finally:
+            s.close()
+        proc_check()
+        time.sleep(0.02)
+    raise RuntimeError("no server listening on %s after %d s" % (path, timeout))
+
+
+class Server:
+    """One NBD server process in the foreground, on a Unix socket."""
+
+    count = 0
+
+    def __init__(self, kind, image, sock, args):
+        # A fresh socket name per server: nbdkit may leave its socket file.
+        Server.count += 1
+        sock = "%s.%d" % (sock, Server.count)
+        if os.path.exists(sock):
+            os.unlink(sock)  # left by an earlier run in the same --dir
+        self.sock = sock
+        self.uri = "nbd+unix:///?socket=" + sock
+        if kind == "qcowtool":
+            argv = ([args.qcowtool, "serve", "--socket", sock, "--direct"] +
+                    args.serve_args.split() + [image])
+        elif kind == "qemu-nbd":
+            argv = ["qemu-nbd", "-k", sock, "-f", "qcow2", "--aio=io_uring",
+                    "--cache=none", "--shared=64", "--persistent", image]
+        elif kind == "raw-direct":
+            argv = ["qemu-nbd", "-k", sock, "-f", "raw", "--aio=io_uring",
+                    "--cache=none", "--shared=64", "--persistent", image]
+        else:
+            argv = ["nbdkit", "--foreground", "--unix", sock, "file", image]
+        self.argv = argv
+        self.errlog = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL,
+                                     stderr=self.errlog)
+        wait_socket(sock, self.check)
+
+    def check(self):
+        if self.proc.poll() is not None:
+            self.errlog.seek(0)
+            raise RuntimeError("%s exited %d: %s" % (
+                " ".join(self.argv), self.proc.returncode,
+                self.errlog.read().decode(errors="replace").strip()))
+
+    def stop(self):
+        self.check()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            # qemu-nbd sometimes ignores SIGTERM right after the readiness
+            # probe's connection.
+            log("nbd_bench: %s ignored SIGTERM for 60 s: killed" %
+                self.argv[0])
+            self.proc.kill()
+            self.proc.wait()
+
+
+def fio(jobs, runtime, size):
+    """Runs fio with `jobs` (dicts: uri, rw, bs, iodepth, numjobs), all at
+    once; returns (iops, MB/s, mean latency us) summed over them."""
+    argv = ["fio", "--output-format=json", "--ioengine=nbd",
+            "--time_based", "--runtime=%d" % runtime, "--ramp_time=0",
+            "--group_reporting"]
+    for i, j in enumerate(jobs):
+        argv += ["--name=j%d" % i, "--uri=" + j["uri"], "--rw=" + j["rw"],
+                 "--bs=" + j["bs"], "--iodepth=%d" % j["iodepth"],
+                 "--numjobs=%d" % j["numjobs"], "--size=%d" % size,
+                 "--randrepeat=0", "--norandommap"]
+    text = run(argv)
+    # The nbd engine prints "fio: connected to NBD server" lines first.
+    out = json.loads(text[text.index("{"):])
+    iops = bw = lat_weighted = 0.0
+    for job in out["jobs"]:
+        for d in ("read", "write"):
+            st = job[d]
+            if st["io_bytes"] == 0:
+                continue
+            iops += st["iops"]
+            bw += st["bw_bytes"] / 1e6
+            lat_weighted += st["lat_ns"]["mean"] / 1000 * st["iops"]
+    return iops, bw, (lat_weighted / iops if iops else 0.0)
+
+
+def make_data_file(path, size):
+    """A raw file of `size` bytes of incompressible data, no holes."""
+    chunk = 4 << 20
+    with open("/dev/urandom", "rb") as rnd, open(path, "wb") as f:
+        left = size
+        block = rnd.read(chunk)
+        n = 0
+        while left > 0:
+            part = min(left, chunk)
+            # Vary each chunk a little so no two are equal.
+            f.write(n.to_bytes(8, "little") + block[8:part])
+            left -= part
+            n += 1
+
+
+def bench_server(kind, work, args, size, rows):
+    qcow = os.path.join(work, "image.qcow2")
+    raw = os.path.join(work, "image.raw")
+    sock = os.path.join(work, kind + ".sock")
+    image = raw if kind.startswith("raw") else qcow
+    cdm = [j for j in CDM_JOBS if not args.jobs or j[0] in args.jobs.split(",")]
+    srv = Server(kind, image, sock, args) if cdm else None
+    try:
+        for name, rw, bs, qd, nj in cdm:
+            uri = srv.uri
+            iops, bw, lat = fio([dict(uri=uri, rw=rw, bs=bs, iodepth=qd,
+                                      numjobs=nj)], args.runtime, size)
+            add_row(rows, kind, name, rw, iops, bw, lat)
+    finally:
+        if srv:
+            srv.stop()
+
+    if not args.jobs or "ovl-RND4K-Q32T1" in args.jobs.split(","):
+        bench_overlay(kind, work, args, size, rows, sock, qcow)
+    if args.jobs and "3img-RND4K-Q32T1" not in args.jobs.split(","):
+        return
+    bench_three(kind, work, args, size, rows)
+
+
+def bench_overlay(kind, work, args, size, rows, sock, qcow):
+    # 4 KiB random writes into a fresh overlay (raw: a fresh sparse file).
+    fresh = fresh_image(kind, work, "ovl", qcow, size)
+    srv = Server(kind, fresh, sock, args)
+    uri = srv.uri
+    try:
+        iops, bw, lat = fio([dict(uri=uri, rw="randwrite", bs="4k",
+                                  iodepth=32, numjobs=1)], args.runtime, size)
+        add_row(rows, kind, "ovl-RND4K-Q32T1", "randwrite", iops, bw, lat)
+    finally:
+        srv.stop()
+
+
+def bench_three(kind, work, args, size, rows):
+    """Three writers, three fresh images, three servers, at once."""
+    servers, jobs = [], []
+    try:
+        for i in range(3):
+            img = fresh_image(kind, work, "w%d" % i, None, size)
+            s3 = os.path.join(work, "%s-%d.sock" % (kind, i))
+            servers.append(Server(kind, img, s3, args))
+            jobs.append(dict(uri=servers[-1].uri, rw="randwrite",
+                             bs="4k", iodepth=32, numjobs=1))
+        iops, bw, lat = fio(jobs, args.runtime, size)
+        add_row(rows, kind, "3img-RND4K-Q32T1", "randwrite", iops, bw, lat)
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def fresh_image(kind, work, tag, backing, size):
+    if kind.startswith("raw"):
+        path = os.path.join(work, "%s-%s.raw" % (kind, tag))
+        if os.path.exists(path):
+            os.unlink(path)
+        with open(path, "wb") as f:
+            f.truncate(size)
+        return path
+    path = os.path.join(work, "%s-%s.qcow2" % (kind, tag))
+    if os.path.exists(path):
+        os.unlink(path)
+    argv = ["qemu-img", "create", "-q", "-f", "qcow2"]
+    if backing:
+        argv += ["-b", backing, "-F", "qcow2", path]
+    else:
+        argv += [path, str(size)]
+    run(argv)
+    return path
+
+
+def add_row(rows, server, job, rw, iops, bw, lat):
+    row = dict(server=server, job=job, rw=rw, iops=round(iops, 1),
+               mbps=round(bw, 1), lat_us=round(lat, 1))
+    rows.append(row)
+    log("  %-9s %-18s %-9s %10.0f IOPS %9.1f MB/s %9.1f us" % (
+        server, job, rw, iops, bw, lat))
+
+
+def table(rows):
+    by = {(r["server"], r["job"], r["rw"]): r for r in rows}
+    servers = [s for s in SERVERS + EXTRA_SERVERS
+               if any(r["server"] == s for r in rows)]
+    keys = []
+    for r in rows:
+        k = (r["job"], r["rw"])
+        if k not in keys:
+            keys.append(k)
+    others = [s for s in servers if s != "qcowtool"]
+    lines = ["| job | rw | unit | " + " | ".join(servers) + " | " +
+             " | ".join("qcowtool / " + s for s in others) + " |",
+             "|---|---|---|" + "---:|" * (len(servers) + len(others))]
+    for job, rw in keys:
+        unit = "MB/s" if job.startswith("SEQ") else "IOPS"
+        field = "mbps" if unit == "MB/s" else "iops"
+        val = {s: by.get((s, job, rw), {}).get(field) for s in servers}
+        cells = ["%.0f" % val[s] if val[s] is not None else "-"
+                 for s in servers]
+        q = val.get("qcowtool")
+        ratios = ["%.2f" % (q / val[s]) if q is not None and val[s] else "-"
+                  for s in others]
+        lines.append("| %s | %s | %s | " % (job, rw, unit) +
+                     " | ".join(cells + ratios) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_size(text):
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    t = text.strip().lower()
+    if t and t[-1] in units:
+        return int(float(t[:-1]) * units[t[-1]])
+    return int(t)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--qcowtool", default=shutil.which("qcowtool") or
+                    "build/qcowtool")
+    ap.add_argument("--size", default="1G", help="image size (default 1G)")
+    ap.add_argument("--runtime", type=int, default=5,
+                    help="seconds per job (default 5)")
+    ap.add_argument("--dir", help="work directory (default: a new one under "
+                    "$TMPDIR, removed afterwards)")
+    ap.add_argument("--servers", default=",".join(SERVERS),
+                    help="comma-separated subset of " + ",".join(SERVERS))
+    ap.add_argument("--serve-args", default="",
+                    help="more options for qcowtool serve (e.g. "
+                    "'--threads 32' or '--sync')")
+    ap.add_argument("--jobs", default="",
+                    help="comma-separated job names to run (default: all)")
+    ap.add_argument("--small", action="store_true",
+                    help="CI mode: 64 MiB, 1 s per job")
+    ap.add_argument("--json", help="write the JSON rows here (one per line)")
+    ap.add_argument("--table", help="write the markdown table here")
+    args = ap.parse_args()
+    if args.small:
+        args.size, args.runtime = "64M", 1
+    size = parse_size(args.size)
+
+    for tool in ("nbdkit", "qemu-nbd", "qemu-img", "fio"):
+        if shutil.which(tool) is None:
+            log("nbd_bench: %s is not installed: skipped" % tool)
+            return 77
+    if " nbd" not in run(["fio", "--enghelp"]).replace("\t", " "):
+        log("nbd_bench: this fio has no nbd engine: skipped")
+        return 77
+    if not os.access(args.qcowtool, os.X_OK):
+        log("nbd_bench: no qcowtool at %s (--qcowtool)" % args.qcowtool)
+        return 1
+    args.qcowtool = os.path.abspath(args.qcowtool)
+
+    work = args.dir or tempfile.mkdtemp(prefix="nbd_bench.")
+    os.makedirs(work, exist_ok=True)
+    rows = []
+    try:
+        raw = os.path.join(work, "image.raw")
+        qcow = os.path.join(work, "image.qcow2")
+        log("nbd_bench: %s image, %d s per job, in %s, load %s" % (
+            args.size, args.runtime, work,
+            " ".join("%.2f" % x for x in os.getloadavg())))
+        make_data_file(raw, size)
+        run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", raw, qcow])
+        for kind in args.servers.split(","):
+            if kind not in SERVERS + EXTRA_SERVERS:
+                log("nbd_bench: unknown server '%s' (--servers)" % kind)
+                return 1
+            log("nbd_bench: %s" % kind)
+            bench_server(kind, work, args, size, rows)
+        check = subprocess.run(["qemu-img", "check", qcow],
+                               capture_output=True, text=True)
+        if check.returncode != 0:
+            log("nbd_bench: qemu-img check %s after the run:\n%s" % (
+                qcow, check.stdout + check.stderr))
+            return 1
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        log("nbd_bench: %s" % e)
+        return 1
+    finally:
+        if not args.dir:
+            shutil.rmtree(work, ignore_errors=True)
+    log("nbd_bench: load after the run %s" %
+        " ".join("%.2f" % x for x in os.getloadavg()))
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+    t = table(rows)
+    if args.table:
+        with open(args.table, "w") as f:
+            f.write(t)
+    else:
+        sys.stdout.write(t)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,276 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The C API of libqcow2, for embedders that are not C++ (C, Rust through
+ * bindgen, Go through cgo ...). In the style of LevelDB's and RocksDB's
+ * c.h: opaque handles, and errors reported through a `char** errptr`.
+ *
+ * Errors. Every call that can fail takes `char** errptr` last and returns
+ * an int: 0 on success, a negative errno on failure (qcow2_queue_poll and
+ * the size/count getters say otherwise). On failure, when errptr is not
+ * NULL, *errptr receives a malloc'd, NUL-terminated message naming what is
+ * wrong and where (the file path, the guest offset, the option key). Free
+ * it with qcow2_free(). A non-NULL *errptr on entry is freed and replaced
+ * when a new error is reported, and left as it is on success (so one
+ * variable can collect the first error of a sequence after it is checked;
+ * set it to NULL after freeing it). The errno values:
+ *   -EINVAL   bad argument or option string (unknown key, bad value)
+ *   -ENOENT   a file does not exist          -EEXIST  create: file exists
+ *   -EACCES   the OS refused access          -EPERM   image read-only,
+ *             closed, or marked corrupt
+ *   -EIO      request past the end of the disk, malformed image, I/O error
+ *   -ENOSPC   no space left on the host file system
+ *   -ENOTSUP  a feature the library does not implement
+ *   -EBUSY    the image is locked by another process (QEMU's locks)
+ *   -EAGAIN   queue full (qcow2_queue_* submits): poll, then submit again
+ * The message is what to show; the errno is what to branch on.
+ *
+ * Threading. qcow2_image_t calls may be made from any number of threads at
+ * once (requests on different clusters run in parallel). qcow2_image_close
+ * and qcow2_image_destroy must not race with any other call on the image,
+ * and every queue of the image must be destroyed first. A qcow2_queue_t
+ * belongs to one thread at a time (the one that submits and polls); give
+ * each I/O thread its own queue. qcow2_free and qcow2_version_string are
+ * safe anywhere.
+ *
+ * Memory. Handles are freed by qcow2_image_close / qcow2_image_destroy
+ * and qcow2_queue_destroy, strings by qcow2_free. Buffers passed to the
+ * synchronous calls are used only during the call. Buffers passed to queue
+ * submits (the memory the iovecs point to) must stay valid and untouched
+ * until their completion is returned by qcow2_queue_poll; the iovec arrays
+ * themselves are copied and may be reused at once.
+ *
+ * Versions. Within one major version (the soname libqcow2.so.N) functions
+ * are only added, never changed or removed, and structs passed by pointer
+ * that may grow start with a `size` field the caller sets to sizeof: the
+ * library fills only the fields that fit in that size. See
+ * docs/embedding.md.
+ */
+#ifndef QCOW2_C_H_
+#define QCOW2_C_H_
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "qcow2/export.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- library --------------------------------------------------------- */
+
+/* The version of the library loaded at run time, e.g. "0.1.0" (static
+ * storage; never freed). Compare with QCOW2_VERSION_STRING from
+ * qcow2/version.h, the version compiled against. */
+QCOW2_EXPORT const char* qcow2_version_string(void);
+
+/* Frees a string the library returned (an error message). NULL is fine. */
+QCOW2_EXPORT void qcow2_free(void* ptr);
+
+/* ---- images ---------------------------------------------------------- */
+
+/* An open image with its backing chain. Opaque. */
+typedef struct qcow2_image_t qcow2_image_t;
+
+/* Creates a qcow2 image at `path` (fails with -EEXIST if it exists).
+ * `backing` is the backing file name to store (resolved relative to the
+ * new image's directory), or NULL for none. `size` is the virtual size in
+ * bytes; 0 takes the backing file's size. `options` is qemu-img's -o
+ * string, or NULL for the defaults: comma-separated key=value pairs among
+ *   cluster_size=65536 (512 .. 2M, a power of two; k/M suffixes allowed)
+ *   compat=1.1|0.10   extended_l2=on|off   lazy_refcounts=on|off
+ *   refcount_bits=16 (1, 2, 4, ..., 64)   compression_type=zlib|zstd
+ *   preallocation=off|metadata|falloc|full
+ *   backing_fmt=qcow2|raw   backing_file=NAME (instead of `backing`)
+ *   size=SIZE (instead of `size`)   format=qcow2|raw (libqcow2: a raw file)
+ * An unknown key or a bad value fails with -EINVAL naming it. Thread-safe.
+ */
+QCOW2_EXPORT int qcow2_image_create(const char* path, const char* backing,
+                                    uint64_t size, const char* options,
+                                    char** errptr);
+
+/* Opens `path` and its backing chain, read-write when `read_write` is
+ * non-zero. Returns NULL on failure (with *errptr set). The handle is
+ * freed by qcow2_image_close or qcow2_image_destroy. Thread-safe. */
+QCOW2_EXPORT qcow2_image_t* qcow2_image_open(const char* path, int read_write,
+                                             char** errptr);
+
+/* As qcow2_image_open, with options as a comma-separated key=value string
+ * (NULL or "" for the defaults: read-only, format probed):
+ *   read-only=on|off     (default on)     format=qcow2|raw (default probe)
+ *   direct=on|off        O_DIRECT for every file of the chain
+ *   cache-size=SIZE      L2 table cache per qcow2 file (k/M/G suffixes)
+ *   refcount-cache-size=SIZE
+ *   backing=on|off       off: no backing files (unallocated reads zero)
+ *   backing-root=DIR     refuse backing files that resolve outside DIR
+ *   force-share=on|off   read-only only: open even while another process
+ *                        writes the image (qemu-img -U); default off
+ *   locking=on|off       take QEMU's image locks (default on)
+ *   max-chain=N          deepest backing chain accepted
+ * An unknown key or bad value fails with -EINVAL naming it. */
+QCOW2_EXPORT qcow2_image_t* qcow2_image_open_opts(const char* path,
+                                                  const char* options,
+                                                  char** errptr);
+
+/* Flushes (when writable), marks the image clean and frees the handle,
+ * failed or not: `img` must not be used afterwards. Returns the error of
+ * the final flush, if any. NULL is a no-op. */
+QCOW2_EXPORT int qcow2_image_close(qcow2_image_t* img, char** errptr);
+
+/* Frees the handle with no error report (a flush error is lost): for
+ * error paths. NULL is a no-op. */
+QCOW2_EXPORT void qcow2_image_destroy(qcow2_image_t* img);
+
+/* Virtual disk size in bytes. */
+QCOW2_EXPORT uint64_t qcow2_image_size(const qcow2_image_t* img);
+
+/* Non-zero when the image was opened for writing. */
+QCOW2_EXPORT int qcow2_image_writable(const qcow2_image_t* img);
+
+/* Number of files in the chain (1: no backing file). */
+QCOW2_EXPORT int qcow2_image_chain_length(const qcow2_image_t* img);
+
+/* Synchronous I/O: each blocks the calling thread until done. A range
+ * past the end of the disk fails with -EIO. Writes are durable after the
+ * next successful qcow2_image_flush. */
+QCOW2_EXPORT int qcow2_image_read(qcow2_image_t* img, uint64_t offset,
+                                  void* buf, size_t len, char** errptr);
+QCOW2_EXPORT int qcow2_image_write(qcow2_image_t* img, uint64_t offset,
+                                   const void* buf, size_t len,
+                                   char** errptr);
+/* Makes the range read as zeros (never as backing data); with `unmap`
+ * non-zero, host clusters may be released. */
+QCOW2_EXPORT int qcow2_image_write_zeroes(qcow2_image_t* img, uint64_t offset,
+                                          uint64_t len, int unmap,
+                                          char** errptr);
+/* Discards the range: it reads as zeros afterwards; the host clusters of
+ * fully covered clusters are released. */
+QCOW2_EXPORT int qcow2_image_discard(qcow2_image_t* img, uint64_t offset,
+                                     uint64_t len, char** errptr);
+/* Makes every write completed before the call durable, metadata too. */
+QCOW2_EXPORT int qcow2_image_flush(qcow2_image_t* img, char** errptr);
+
+/* What one range of the disk reads from (as `qemu-img map` says). */
+typedef struct qcow2_block_status_t {
+  size_t size;      /* in: sizeof(qcow2_block_status_t) */
+  uint64_t offset;  /* guest offset of the range */
+  uint64_t length;  /* bytes with this status */
+  int32_t depth;    /* chain index of the deciding file (0 = top) */
+  uint8_t allocated;   /* some file of the chain allocates it */
+  uint8_t zero;        /* reads as zeros */
+  uint8_t data;        /* reads from stored data */
+  uint8_t compressed;  /* stored in a compressed cluster */
+  uint8_t has_host_offset;
+  uint64_t host_offset; /* in the file at `depth` (uncompressed data) */
+} qcow2_block_status_t;
+
+/* The status of the range at `offset`, as long as it stays uniform but at
+ * most `max_len` bytes. Set out->size first. Safe beside requests in
+ * flight. */
+QCOW2_EXPORT int qcow2_image_block_status(qcow2_image_t* img, uint64_t offset,
+                                          uint64_t max_len,
+                                          qcow2_block_status_t* out,
+                                          char** errptr);
+
+/* I/O counters (qcow2/stats.h describes each). Fields are only added at
+ * the end; the library fills those that fit in out->size. */
+typedef struct qcow2_stats_t {
+  size_t size; /* in: sizeof(qcow2_stats_t) */
+  uint64_t guest_read_ops;
+  uint64_t guest_read_bytes;
+  uint64_t guest_write_ops;
+  uint64_t guest_write_bytes;
+  uint64_t guest_zero_ops;
+  uint64_t guest_zero_bytes;
+  uint64_t guest_discard_ops;
+  uint64_t guest_discard_bytes;
+  uint64_t guest_flush_ops;
+  uint64_t host_data_read_bytes;
+  uint64_t host_data_write_bytes;
+  uint64_t cow_read_bytes;
+  uint64_t cow_write_bytes;
+  uint64_t metadata_read_bytes;
+  uint64_t metadata_write_bytes;
+  uint64_t host_zero_ops;
+  uint64_t host_discard_ops;
+  uint64_t host_flushes;
+  uint64_t cluster_allocations;
+} qcow2_stats_t;
+
+/* Counters of every request on the image since it was opened (all queues
+ * and the synchronous calls). Set out->size first; -EINVAL if it is
+ * smaller than the `size` field itself. */
+QCOW2_EXPORT int qcow2_image_get_stats(const qcow2_image_t* img,
+                                       qcow2_stats_t* out, char** errptr);
+
+/* ---- queues ---------------------------------------------------------- */
+
+/* An asynchronous queue of requests on one image. Opaque. */
+typedef struct qcow2_queue_t qcow2_queue_t;
+
+/* One finished request: the user_data given at submit, and its result:
+ * bytes transferred for reads and writes, 0 for the others, or a negative
+ * errno. */
+typedef struct qcow2_completion_t {
+  void* user_data;
+  int64_t result;
+} qcow2_completion_t;
+
+/* A queue of at most `depth` requests in flight (io_uring when available,
+ * otherwise synchronous). Freed by qcow2_queue_destroy, which must come
+ * before the image is closed. */
+QCOW2_EXPORT qcow2_queue_t* qcow2_queue_create(qcow2_image_t* img, int depth,
+                                               char** errptr);
+
+/* Waits for every request in flight (their completions are dropped) and
+ * frees the queue. NULL is a no-op. */
+QCOW2_EXPORT void qcow2_queue_destroy(qcow2_queue_t* q);
+
+/* An eventfd (non-blocking, close-on-exec) owned by the queue that is
+ * readable whenever qcow2_queue_poll has something to do. Put it in epoll
+ * (EPOLLIN); when it fires: read() 8 bytes from it to reset it, then call
+ * qcow2_queue_poll until it returns 0. Completions that arrive meanwhile
+ * leave it readable again; nothing is lost. Never close it. Returns the
+ * descriptor, or a negative errno. */
+QCOW2_EXPORT int qcow2_queue_eventfd(qcow2_queue_t* q);
+
+/* Submits: 0 when queued (its completion comes from qcow2_queue_poll,
+ * never from the submit), or a negative errno with no completion to come
+ * (-EAGAIN: the queue is full; -EIO: range past the end; -EPERM:
+ * read-only image). Vectored reads and writes move the bytes straight
+ * between the file and the segments (no copy of allocated data). */
+QCOW2_EXPORT int qcow2_queue_readv(qcow2_queue_t* q, uint64_t offset,
+                                   const struct iovec* iov, int iovcnt,
+                                   void* user_data, char** errptr);
+QCOW2_EXPORT int qcow2_queue_writev(qcow2_queue_t* q, uint64_t offset,
+                                    const struct iovec* iov, int iovcnt,
+                                    void* user_data, char** errptr);
+QCOW2_EXPORT int qcow2_queue_write_zeroes(qcow2_queue_t* q, uint64_t offset,
+                                          uint64_t len, int unmap,
+                                          void* user_data, char** errptr);
+QCOW2_EXPORT int qcow2_queue_discard(qcow2_queue_t* q, uint64_t offset,
+                                     uint64_t len, void* user_data,
+                                     char** errptr);
+/* Completes after every write whose completion was polled before it. */
+QCOW2_EXPORT int qcow2_queue_flush(qcow2_queue_t* q, void* user_data,
+                                   char** errptr);
+
+/* Moves requests on and stores up to `max` finished ones in `out`; never
+ * blocks. Returns how many it stored (0: none yet). Completions beyond
+ * `max` stay for the next call. */
+QCOW2_EXPORT int qcow2_queue_poll(qcow2_queue_t* q, qcow2_completion_t* out,
+                                  int max);
+
+/* As qcow2_queue_poll, but blocks until at least `min` completions are
+ * stored (fewer when fewer requests are in flight). */
+QCOW2_EXPORT int qcow2_queue_wait(qcow2_queue_t* q, qcow2_completion_t* out,
+                                  int max, int min);
+
+/* Requests submitted whose completion was not yet returned by poll. */
+QCOW2_EXPORT int qcow2_queue_in_flight(const qcow2_queue_t* q);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* QCOW2_C_H_ */

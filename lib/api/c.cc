@@ -1,0 +1,596 @@
+// SPDX-License-Identifier: Apache-2.0
+// The C API (include/qcow2/c.h) over the C++ one: handles wrap an Image and
+// a Queue, errors become negative errnos plus a malloc'd message, option
+// strings become OpenOptions and CreateOptions.
+#include "qcow2/c.h"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "qcow2/image.h"
+#include "qcow2/queue.h"
+#include "qcow2/version.h"
+
+struct qcow2_image_t {
+  std::unique_ptr<qcow2::Image> image;
+};
+
+struct qcow2_queue_t {
+  std::unique_ptr<qcow2::Queue> queue;
+  // Completions whose callback ran but that poll has not returned yet.
+  std::deque<qcow2_completion_t> ready;
+  int event_fd = -1;  // the queue's notifier, once asked for
+};
+
+namespace {
+
+int ToErrno(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kOk: return 0;
+    case absl::StatusCode::kInvalidArgument: return EINVAL;
+    case absl::StatusCode::kNotFound: return ENOENT;
+    case absl::StatusCode::kAlreadyExists: return EEXIST;
+    case absl::StatusCode::kPermissionDenied: return EACCES;
+    case absl::StatusCode::kFailedPrecondition: return EPERM;
+    case absl::StatusCode::kResourceExhausted: return ENOSPC;
+    case absl::StatusCode::kUnimplemented: return ENOTSUP;
+    case absl::StatusCode::kUnavailable: return EBUSY;
+    case absl::StatusCode::kCancelled: return ECANCELED;
+    case absl::StatusCode::kDeadlineExceeded: return ETIMEDOUT;
+    default: return EIO;  // kOutOfRange (as QEMU), kDataLoss, kInternal ...
+  }
+}
+
+// Stores `message` in *errptr (freeing what was there).
+void SetError(char** errptr, absl::string_view message) {
+  if (errptr == nullptr) return;
+  std::free(*errptr);
+  *errptr = static_cast<char*>(std::malloc(message.size() + 1));
+  if (*errptr == nullptr) return;
+  std::memcpy(*errptr, message.data(), message.size());
+  (*errptr)[message.size()] = '\0';
+}
+
+// 0, or the negative errno of `s` with its message in *errptr.
+int Report(const absl::Status& s, char** errptr) {
+  if (s.ok()) return 0;
+  SetError(errptr, s.message());
+  return -ToErrno(s);
+}
+
+int Invalid(char** errptr, absl::string_view message) {
+  return Report(absl::InvalidArgumentError(message), errptr);
+}
+
+// A size as qemu-img writes it: digits with an optional k, M, G, T suffix
+// (powers of 1024, either case).
+bool ParseSizeValue(absl::string_view text, uint64_t* out) {
+  int shift = 0;
+  if (!text.empty()) {
+    switch (text.back()) {
+      case 'k': case 'K': shift = 10; break;
+      case 'm': case 'M': shift = 20; break;
+      case 'g': case 'G': shift = 30; break;
+      case 't': case 'T': shift = 40; break;
+      case 'b': case 'B': shift = 0; break;
+      default: shift = -1; break;
+    }
+    if (shift >= 0) text.remove_suffix(1);
+  }
+  uint64_t v = 0;
+  if (text.empty() || !absl::SimpleAtoi(text, &v)) return false;
+  if (shift > 0 && v > (UINT64_MAX >> shift)) return false;
+  *out = v << (shift > 0 ? shift : 0);
+  return true;
+}
+
+bool ParseSwitch(absl::string_view v, bool* out) {
+  if (v == "on" || v == "true" || v == "yes") {
+    *out = true;
+  } else if (v == "off" || v == "false" || v == "no") {
+    *out = false;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// Calls fn(key, value) for each key=value of a comma-separated list;
+// returns its first error. Empty items are skipped.
+template <typename Fn>
+absl::Status ForEachOption(const char* options, absl::string_view what,
+                           Fn&& fn) {
+  if (options == nullptr) return absl::OkStatus();
+  for (absl::string_view item : absl::StrSplit(options, ',')) {
+    if (item.empty()) continue;
+    const size_t eq = item.find('=');
+    if (eq == absl::string_view::npos || eq == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": '", item, "' is not key=value (in \"", options, "\")"));
+    }
+    absl::Status s = fn(item.substr(0, eq), item.substr(eq + 1));
+    if (!s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": ", s.message(), " (in \"", options, "\")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BadValue(absl::string_view key, absl::string_view value,
+                      absl::string_view expected) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "option ", key, "='", value, "': expected ", expected));
+}
+
+absl::Status ApplyCreateOption(absl::string_view key, absl::string_view v,
+                               qcow2::CreateOptions* o) {
+  using qcow2::Preallocation;
+  bool b = false;
+  uint64_t n = 0;
+  if (key == "cluster_size") {
+    if (!ParseSizeValue(v, &n) || n < 512 || n > (2u << 20) ||
+        (n & (n - 1)) != 0) {
+      return BadValue(key, v, "a power of two from 512 to 2M");
+    }
+    o->cluster_size = static_cast<uint32_t>(n);
+  } else if (key == "compat") {
+    if (v == "v3") v = "1.1";
+    if (v == "v2") v = "0.10";
+    if (v != "1.1" && v != "0.10") return BadValue(key, v, "1.1 or 0.10");
+    o->compat = std::string(v);
+  } else if (key == "extended_l2") {
+    if (!ParseSwitch(v, &b)) return BadValue(key, v, "on or off");
+    o->extended_l2 = b;
+  } else if (key == "lazy_refcounts") {
+    if (!ParseSwitch(v, &b)) return BadValue(key, v, "on or off");
+    o->lazy_refcounts = b;
+  } else if (key == "refcount_bits") {
+    if (!absl::SimpleAtoi(v, &n) || n == 0 || n > 64 || (n & (n - 1)) != 0) {
+      return BadValue(key, v, "a power of two from 1 to 64");
+    }
+    o->refcount_bits = static_cast<uint32_t>(n);
+  } else if (key == "compression_type") {
+    if (v == "zlib") {
+      o->compression_type = qcow2::CompressionType::kZlib;
+    } else if (v == "zstd") {
+      o->compression_type = qcow2::CompressionType::kZstd;
+    } else {
+      return BadValue(key, v, "zlib or zstd");
+    }
+  } else if (key == "preallocation") {
+    if (v == "off") {
+      o->preallocation = Preallocation::kOff;
+    } else if (v == "metadata") {
+      o->preallocation = Preallocation::kMetadata;
+    } else if (v == "falloc") {
+      o->preallocation = Preallocation::kFalloc;
+    } else if (v == "full") {
+      o->preallocation = Preallocation::kFull;
+    } else {
+      return BadValue(key, v, "off, metadata, falloc or full");
+    }
+  } else if (key == "backing_fmt") {
+    if (v != "qcow2" && v != "raw") return BadValue(key, v, "qcow2 or raw");
+    o->backing_format = std::string(v);
+  } else if (key == "backing_file") {
+    o->backing_file = std::string(v);
+  } else if (key == "size") {
+    if (!ParseSizeValue(v, &n)) return BadValue(key, v, "a size (e.g. 10G)");
+    o->size = n;
+  } else if (key == "format") {
+    if (v == "qcow2") {
+      o->format = qcow2::ImageFormat::kQcow2;
+    } else if (v == "raw") {
+      o->format = qcow2::ImageFormat::kRaw;
+    } else {
+      return BadValue(key, v, "qcow2 or raw");
+    }
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown option '", key,
+        "' (known: cluster_size, compat, extended_l2, lazy_refcounts, "
+        "refcount_bits, compression_type, preallocation, backing_fmt, "
+        "backing_file, size, format)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ApplyOpenOption(absl::string_view key, absl::string_view v,
+                             qcow2::OpenOptions* o) {
+  bool b = false;
+  uint64_t n = 0;
+  if (key == "read-only") {
+    if (!ParseSwitch(v, &b)) return BadValue(key, v, "on or off");
+    o->read_write = !b;
+  } else if (key == "format") {
+    if (v != "qcow2" && v != "raw") return BadValue(key, v, "qcow2 or raw");
+    o->format = std::string(v);
+  } else if (key == "direct") {
+    if (!ParseSwitch(v, &b)) return BadValue(key, v, "on or off");
+    o->direct_io = b;
+  } else if (key == "cache-size" || key == "l2-cache-size") {
+    if (!ParseSizeValue(v, &n)) return BadValue(key, v, "a size (e.g. 32M)");
+    o->l2_cache_bytes = n;
+  } else if (key == "refcount-cache-size") {
+    if (!ParseSizeValue(v, &n)) return BadValue(key, v, "a size (e.g. 1M)");
+    o->refcount_cache_bytes = n;
+  } else if (key == "backing") {
+    if (!ParseSwitch(v, &b)) return BadValue(key, v, "on or off");
+    o->open_backing = b;
+  } else if (key == "backing-root") {
+    if (v.empty()) return BadValue(key, v, "a directory");
+    o->backing_root = std::string(v);
+  } else if (key == "force-share") {
+    if (!ParseSwitch(v, &b)) return BadValue(key, v, "on or off");
+    o->force_share = b;
+  } else if (key == "locking") {
+    if (!ParseSwitch(v, &b)) return BadValue(key, v, "on or off");
+    o->lock = b;
+  } else if (key == "max-chain") {
+    if (!absl::SimpleAtoi(v, &n) || n == 0 || n > 4096) {
+      return BadValue(key, v, "a depth from 1 to 4096");
+    }
+    o->max_chain_depth = static_cast<int>(n);
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown option '", key,
+        "' (known: read-only, format, direct, cache-size, "
+        "refcount-cache-size, backing, backing-root, force-share, locking, "
+        "max-chain)"));
+  }
+  return absl::OkStatus();
+}
+
+qcow2_image_t* OpenImage(const char* path, const qcow2::OpenOptions& opts,
+                         char** errptr) {
+  auto image = qcow2::Image::Open(path, opts);
+  if (!image.ok()) {
+    Report(image.status(), errptr);
+    return nullptr;
+  }
+  return new qcow2_image_t{std::move(*image)};
+}
+
+// Copies `full` to the caller's `out`, as much of it as out->size says
+// (an older caller's struct is shorter), keeping out->size.
+template <typename T>
+void CopyOut(T full, T* out) {
+  full.size = out->size;
+  std::memcpy(out, &full, std::min(out->size, sizeof(T)));
+}
+
+// Checks the caller's struct size; -EINVAL when it cannot even hold it.
+template <typename T>
+int CheckSize(const T* out, const char* what, char** errptr) {
+  if (out->size >= sizeof(out->size)) return 0;
+  return Invalid(errptr, absl::StrCat(what, ": out->size ", out->size,
+                                      " is too small"));
+}
+
+bool NullArg(const void* p, const char* what, char** errptr) {
+  if (p != nullptr) return false;
+  Invalid(errptr, absl::StrCat(what, " is NULL"));
+  return true;
+}
+
+// The callback of a C submit: queues the completion for poll.
+qcow2::Completion Deliver(qcow2_queue_t* q, void* user_data, int64_t bytes) {
+  return [q, user_data, bytes](absl::Status s) {
+    q->ready.push_back(
+        {user_data, s.ok() ? bytes : -static_cast<int64_t>(ToErrno(s))});
+  };
+}
+
+// Checks a submit's queue and room; -EAGAIN when it is full.
+int CheckRoom(qcow2_queue_t* q, char** errptr) {
+  if (NullArg(q, "queue", errptr)) return -EINVAL;
+  if (q->queue->in_flight() >= q->queue->depth()) {
+    SetError(errptr, absl::StrCat("queue is full (", q->queue->in_flight(),
+                                  " requests in flight, depth ",
+                                  q->queue->depth(), ")"));
+    return -EAGAIN;
+  }
+  return 0;
+}
+
+int Vectored(qcow2_queue_t* q, bool write, uint64_t offset,
+             const struct iovec* iov, int iovcnt, void* user_data,
+             char** errptr) {
+  if (int rc = CheckRoom(q, errptr); rc != 0) return rc;
+  if (iovcnt < 0 || (iovcnt > 0 && iov == nullptr)) {
+    return Invalid(errptr,
+                   absl::StrCat(write ? "writev" : "readv", " at ", offset,
+                                ": iovcnt ", iovcnt,
+                                iov == nullptr ? " with iov NULL" : ""));
+  }
+  const auto segs = absl::MakeConstSpan(iov, static_cast<size_t>(iovcnt));
+  int64_t bytes = 0;
+  for (const iovec& v : segs) bytes += static_cast<int64_t>(v.iov_len);
+  return Report(write ? q->queue->SubmitWritev(offset, segs,
+                                               Deliver(q, user_data, bytes))
+                      : q->queue->SubmitReadv(offset, segs,
+                                              Deliver(q, user_data, bytes)),
+                errptr);
+}
+
+// Moves up to `max` ready completions to `out`; tells the notifier when
+// some are left (poll returned early: they must not wait for an event).
+int TakeReady(qcow2_queue_t* q, qcow2_completion_t* out, int max) {
+  int n = 0;
+  while (n < max && !q->ready.empty()) {
+    out[n++] = q->ready.front();
+    q->ready.pop_front();
+  }
+  if (!q->ready.empty() && q->event_fd >= 0) {
+    uint64_t one = 1;
+    if (::write(q->event_fd, &one, sizeof(one)) < 0) {
+      // EAGAIN: readable already.
+    }
+  }
+  return n;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* qcow2_version_string(void) { return qcow2::VersionString(); }
+
+void qcow2_free(void* ptr) { std::free(ptr); }
+
+int qcow2_image_create(const char* path, const char* backing, uint64_t size,
+                       const char* options, char** errptr) {
+  if (NullArg(path, "path", errptr)) return -EINVAL;
+  qcow2::CreateOptions opts;
+  opts.size = size;
+  if (backing != nullptr) opts.backing_file = backing;
+  absl::Status s = ForEachOption(
+      options, absl::StrCat("creating ", path),
+      [&](absl::string_view k, absl::string_view v) {
+        return ApplyCreateOption(k, v, &opts);
+      });
+  if (!s.ok()) return Report(s, errptr);
+  return Report(qcow2::CreateImage(path, opts), errptr);
+}
+
+qcow2_image_t* qcow2_image_open(const char* path, int read_write,
+                                char** errptr) {
+  if (NullArg(path, "path", errptr)) return nullptr;
+  qcow2::OpenOptions opts;
+  opts.read_write = read_write != 0;
+  return OpenImage(path, opts, errptr);
+}
+
+qcow2_image_t* qcow2_image_open_opts(const char* path, const char* options,
+                                     char** errptr) {
+  if (NullArg(path, "path", errptr)) return nullptr;
+  qcow2::OpenOptions opts;
+  absl::Status s = ForEachOption(
+      options, absl::StrCat("opening ", path),
+      [&](absl::string_view k, absl::string_view v) {
+        return ApplyOpenOption(k, v, &opts);
+      });
+  if (!s.ok()) {
+    Report(s, errptr);
+    return nullptr;
+  }
+  return OpenImage(path, opts, errptr);
+}
+
+int qcow2_image_close(qcow2_image_t* img, char** errptr) {
+  if (img == nullptr) return 0;
+  const int rc = Report(img->image->Close(), errptr);
+  delete img;
+  return rc;
+}
+
+void qcow2_image_destroy(qcow2_image_t* img) { delete img; }
+
+uint64_t qcow2_image_size(const qcow2_image_t* img) {
+  return img != nullptr ? img->image->size() : 0;
+}
+
+int qcow2_image_writable(const qcow2_image_t* img) {
+  return img != nullptr && img->image->writable() ? 1 : 0;
+}
+
+int qcow2_image_chain_length(const qcow2_image_t* img) {
+  return img != nullptr ? img->image->chain_length() : 0;
+}
+
+int qcow2_image_read(qcow2_image_t* img, uint64_t offset, void* buf,
+                     size_t len, char** errptr) {
+  if (NullArg(img, "image", errptr)) return -EINVAL;
+  if (len > 0 && NullArg(buf, "buffer", errptr)) return -EINVAL;
+  return Report(
+      img->image->Read(offset, absl::MakeSpan(static_cast<uint8_t*>(buf), len)),
+      errptr);
+}
+
+int qcow2_image_write(qcow2_image_t* img, uint64_t offset, const void* buf,
+                      size_t len, char** errptr) {
+  if (NullArg(img, "image", errptr)) return -EINVAL;
+  if (len > 0 && NullArg(buf, "buffer", errptr)) return -EINVAL;
+  return Report(img->image->Write(offset, absl::MakeConstSpan(
+                                              static_cast<const uint8_t*>(buf),
+                                              len)),
+                errptr);
+}
+
+int qcow2_image_write_zeroes(qcow2_image_t* img, uint64_t offset, uint64_t len,
+                             int unmap, char** errptr) {
+  if (NullArg(img, "image", errptr)) return -EINVAL;
+  return Report(img->image->WriteZeroes(offset, len, unmap != 0), errptr);
+}
+
+int qcow2_image_discard(qcow2_image_t* img, uint64_t offset, uint64_t len,
+                        char** errptr) {
+  if (NullArg(img, "image", errptr)) return -EINVAL;
+  return Report(img->image->Discard(offset, len), errptr);
+}
+
+int qcow2_image_flush(qcow2_image_t* img, char** errptr) {
+  if (NullArg(img, "image", errptr)) return -EINVAL;
+  return Report(img->image->Flush(), errptr);
+}
+
+int qcow2_image_block_status(qcow2_image_t* img, uint64_t offset,
+                             uint64_t max_len, qcow2_block_status_t* out,
+                             char** errptr) {
+  if (NullArg(img, "image", errptr) || NullArg(out, "out", errptr)) {
+    return -EINVAL;
+  }
+  if (int rc = CheckSize(out, "block status", errptr); rc != 0) return rc;
+  auto st = img->image->GetBlockStatus(offset, max_len);
+  if (!st.ok()) return Report(st.status(), errptr);
+  qcow2_block_status_t b;
+  std::memset(&b, 0, sizeof(b));
+  b.offset = st->offset;
+  b.length = st->length;
+  b.depth = st->depth;
+  b.allocated = st->present;
+  b.zero = st->zero;
+  b.data = st->data;
+  b.compressed = st->compressed;
+  b.has_host_offset = st->host_offset.has_value();
+  b.host_offset = st->host_offset.value_or(0);
+  CopyOut(b, out);
+  return 0;
+}
+
+int qcow2_image_get_stats(const qcow2_image_t* img, qcow2_stats_t* out,
+                          char** errptr) {
+  if (NullArg(img, "image", errptr) || NullArg(out, "out", errptr)) {
+    return -EINVAL;
+  }
+  if (int rc = CheckSize(out, "stats", errptr); rc != 0) return rc;
+  const qcow2::IoStats s = img->image->GetStats();
+  qcow2_stats_t c;
+  std::memset(&c, 0, sizeof(c));
+  c.guest_read_ops = s.guest_read_ops;
+  c.guest_read_bytes = s.guest_read_bytes;
+  c.guest_write_ops = s.guest_write_ops;
+  c.guest_write_bytes = s.guest_write_bytes;
+  c.guest_zero_ops = s.guest_zero_ops;
+  c.guest_zero_bytes = s.guest_zero_bytes;
+  c.guest_discard_ops = s.guest_discard_ops;
+  c.guest_discard_bytes = s.guest_discard_bytes;
+  c.guest_flush_ops = s.guest_flush_ops;
+  c.host_data_read_bytes = s.host_data_read_bytes;
+  c.host_data_write_bytes = s.host_data_write_bytes;
+  c.cow_read_bytes = s.cow_read_bytes;
+  c.cow_write_bytes = s.cow_write_bytes;
+  c.metadata_read_bytes = s.metadata_read_bytes();
+  c.metadata_write_bytes = s.metadata_write_bytes();
+  c.host_zero_ops = s.host_zero_ops;
+  c.host_discard_ops = s.host_discard_ops;
+  c.host_flushes = s.host_flushes;
+  c.cluster_allocations = s.cluster_allocations;
+  CopyOut(c, out);
+  return 0;
+}
+
+qcow2_queue_t* qcow2_queue_create(qcow2_image_t* img, int depth,
+                                  char** errptr) {
+  if (NullArg(img, "image", errptr)) return nullptr;
+  if (depth <= 0) {
+    Invalid(errptr, absl::StrCat("queue depth ", depth, " is not positive"));
+    return nullptr;
+  }
+  qcow2::QueueOptions opts;
+  opts.depth = depth;
+  auto queue = img->image->CreateQueue(opts);
+  if (!queue.ok()) {
+    Report(queue.status(), errptr);
+    return nullptr;
+  }
+  auto* q = new qcow2_queue_t;
+  q->queue = std::move(*queue);
+  return q;
+}
+
+void qcow2_queue_destroy(qcow2_queue_t* q) {
+  if (q == nullptr) return;
+  q->queue.reset();  // its last callbacks still fill q->ready
+  delete q;
+}
+
+int qcow2_queue_eventfd(qcow2_queue_t* q) {
+  if (q == nullptr) return -EINVAL;
+  const int fd = q->queue->EventFd();
+  if (fd >= 0) {
+    q->event_fd = fd;
+    if (!q->ready.empty()) TakeReady(q, nullptr, 0);  // signals it
+  }
+  return fd;
+}
+
+int qcow2_queue_readv(qcow2_queue_t* q, uint64_t offset,
+                      const struct iovec* iov, int iovcnt, void* user_data,
+                      char** errptr) {
+  return Vectored(q, false, offset, iov, iovcnt, user_data, errptr);
+}
+
+int qcow2_queue_writev(qcow2_queue_t* q, uint64_t offset,
+                       const struct iovec* iov, int iovcnt, void* user_data,
+                       char** errptr) {
+  return Vectored(q, true, offset, iov, iovcnt, user_data, errptr);
+}
+
+int qcow2_queue_write_zeroes(qcow2_queue_t* q, uint64_t offset, uint64_t len,
+                             int unmap, void* user_data, char** errptr) {
+  if (int rc = CheckRoom(q, errptr); rc != 0) return rc;
+  return Report(q->queue->SubmitWriteZeroes(offset, len, unmap != 0,
+                                            Deliver(q, user_data, 0)),
+                errptr);
+}
+
+int qcow2_queue_discard(qcow2_queue_t* q, uint64_t offset, uint64_t len,
+                        void* user_data, char** errptr) {
+  if (int rc = CheckRoom(q, errptr); rc != 0) return rc;
+  return Report(
+      q->queue->SubmitDiscard(offset, len, Deliver(q, user_data, 0)), errptr);
+}
+
+int qcow2_queue_flush(qcow2_queue_t* q, void* user_data, char** errptr) {
+  if (int rc = CheckRoom(q, errptr); rc != 0) return rc;
+  return Report(q->queue->SubmitFlush(Deliver(q, user_data, 0)), errptr);
+}
+
+int qcow2_queue_poll(qcow2_queue_t* q, qcow2_completion_t* out, int max) {
+  return qcow2_queue_wait(q, out, max, 0);
+}
+
+int qcow2_queue_wait(qcow2_queue_t* q, qcow2_completion_t* out, int max,
+                     int min) {
+  if (q == nullptr || max < 0 || (max > 0 && out == nullptr)) return -EINVAL;
+  if (min > max) min = max;
+  if (static_cast<int>(q->ready.size()) < max) {
+    const int want = min - static_cast<int>(q->ready.size());
+    q->queue->Poll(want > 0 ? want : 0);
+  }
+  return TakeReady(q, out, max);
+}
+
+int qcow2_queue_in_flight(const qcow2_queue_t* q) {
+  if (q == nullptr) return 0;
+  return q->queue->in_flight() + static_cast<int>(q->ready.size());
+}
+
+}  // extern "C"

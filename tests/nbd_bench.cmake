@@ -1,0 +1,18 @@
+# SPDX-License-Identifier: Apache-2.0
+# nbd_bench_small (label "bench"): bench/nbd_bench.py --small, fio through
+# NBD against `qcowtool serve`, qemu-nbd and nbdkit's file plugin on a
+# 64 MiB image, 1 s per job (~2 minutes on a loaded 2-CPU machine).
+# Skipped (exit 77) without nbdkit, qemu-nbd or fio's nbd engine;
+# registered only with the nbdkit plugin.
+if(TARGET nbdkit_libqcow2_plugin)
+  find_package(Python3 COMPONENTS Interpreter)
+  if(Python3_Interpreter_FOUND)
+    add_test(NAME nbd_bench_small
+      COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/bench/nbd_bench.py
+              --small --qcowtool $<TARGET_FILE:qcowtool>
+              --json ${CMAKE_BINARY_DIR}/nbd_bench_small.json
+              --table ${CMAKE_BINARY_DIR}/nbd_bench_small.md)
+    set_tests_properties(nbd_bench_small PROPERTIES
+      LABELS bench TIMEOUT 600 SKIP_RETURN_CODE 77)
+  endif()
+endif()

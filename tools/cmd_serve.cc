@@ -1,0 +1,284 @@
+// SPDX-License-Identifier: Apache-2.0
+// qcowtool serve: exports an image (and its backing chain) over NBD by
+// running nbdkit with libqcow2's plugin (nbd/qcow2_plugin.cc).
+//
+// The image is opened once here with the same options, so a missing file,
+// a malformed image or a lock held by another writer is reported the
+// qcowtool way (exit 2) before nbdkit starts; then qcowtool execs nbdkit,
+// whose process opens, serves and locks the image until it exits.
+#include <getopt.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "qcow2/image.h"
+#include "tools/cli_util.h"
+#include "tools/commands.h"
+
+namespace qcow2::tool {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: qcowtool serve [--socket PATH | --port N] [-f FMT] [-r] [-U]\n"
+    "                      [--export-name NAME] [--shared N] [--threads N]\n"
+    "                      [--fork] [--pid-file FILE] [--sync] [--direct]\n"
+    "                      [--backing-root DIR] [-v] IMAGE\n"
+    "\n"
+    "Exports IMAGE and its backing chain over NBD: runs nbdkit with the\n"
+    "libqcow2 plugin. Clients: qemu-img and qemu-io with\n"
+    "'nbd+unix:///?socket=PATH' (or nbd://HOST:PORT), nbdinfo, nbdcopy,\n"
+    "fio --ioengine=nbd, nbdfuse, a VMM (docs/serving.md). Every connection\n"
+    "shares one open image, so multi-conn is offered; writes are durable\n"
+    "after an NBD flush or a FUA write. Runs in the foreground until killed\n"
+    "(SIGINT or SIGTERM close the image cleanly) unless --fork is given.\n"
+    "The image stays locked against other writers while it is served.\n"
+    "\n"
+    "  --socket PATH   listen on a Unix domain socket\n"
+    "  --port N        listen on TCP port N (default: 10809 when no\n"
+    "                  --socket is given)\n"
+    "  -f FMT          format of IMAGE: qcow2 or raw (default: probe)\n"
+    "  -r, --read-only export read-only (the image is opened read-only)\n"
+    "  --export-name NAME\n"
+    "                  the export's name; clients asking for another are\n"
+    "                  refused (default: any name is accepted)\n"
+    "  --shared N      at most N clients connected at once (default: no\n"
+    "                  limit; qemu-nbd's default is 1)\n"
+    "  --threads N     nbdkit worker threads per connection (default: 16)\n"
+    "  --fork          go to the background once the socket listens\n"
+    "  --pid-file FILE write the server's process id to FILE\n"
+    "  --sync          synchronous library calls instead of one io_uring\n"
+    "                  queue per worker thread\n"
+    "  --direct        O_DIRECT for every file of the chain (bypass the\n"
+    "                  host page cache, like qemu-nbd --cache=none)\n"
+    "  -v, --verbose   print nbdkit's debug messages\n";
+
+constexpr char kHelpTail[] =
+    "  -h, --help      show this help\n"
+    "\n"
+    "Environment: QCOWTOOL_NBDKIT names the nbdkit binary (default: nbdkit\n"
+    "on PATH); QCOWTOOL_NBDKIT_PLUGIN the plugin (default: the\n"
+    "nbdkit-libqcow2-plugin.so next to qcowtool, else the installed one).\n"
+    "\n";
+
+std::string Usage() {
+  return std::string(kUsage) + kForceShareHelp + kBackingRootHelp +
+         kHelpTail + kExitStatusHelp;
+}
+
+struct ServeArgs {
+  std::string socket;
+  std::string port;
+  std::string format;
+  bool read_only = false;
+  bool force_share = false;
+  std::string export_name;
+  std::string shared;
+  std::string threads;
+  bool fork = false;
+  std::string pid_file;
+  bool sync = false;
+  bool direct = false;
+  bool verbose = false;
+  std::string backing_root;
+  std::string image;
+};
+
+// True when `text` is a decimal number from `min` to `max`.
+bool ParseCount(const char* text, int min, int max) {
+  int v = 0;
+  return absl::SimpleAtoi(text, &v) && v >= min && v <= max;
+}
+
+// Returns -1 when parsed, else the exit status to return.
+int ParseArgs(int argc, char** argv, ServeArgs* args) {
+  enum {
+    kSocket = 256, kPort, kExportName, kShared, kThreads, kFork, kPidFile,
+    kSync, kDirect
+  };
+  static const option kOptions[] = {
+      {"socket", required_argument, nullptr, kSocket},
+      {"port", required_argument, nullptr, kPort},
+      {"format", required_argument, nullptr, 'f'},
+      {"read-only", no_argument, nullptr, 'r'},
+      {"export-name", required_argument, nullptr, kExportName},
+      {"shared", required_argument, nullptr, kShared},
+      {"threads", required_argument, nullptr, kThreads},
+      {"fork", no_argument, nullptr, kFork},
+      {"pid-file", required_argument, nullptr, kPidFile},
+      {"sync", no_argument, nullptr, kSync},
+      {"direct", no_argument, nullptr, kDirect},
+      {"verbose", no_argument, nullptr, 'v'},
+      {"force-share", no_argument, nullptr, 'U'},
+      {"backing-root", required_argument, nullptr, kOptBackingRoot},
+      {"help", no_argument, nullptr, 'h'},
+      {nullptr, 0, nullptr, 0},
+  };
+  ResetGetopt();
+  int c;
+  while ((c = getopt_long(argc, argv, "f:rUvh", kOptions, nullptr)) != -1) {
+    switch (c) {
+      case 'h':
+        return PrintHelp(Usage());
+      case kSocket:
+        args->socket = optarg;
+        break;
+      case kPort:
+        if (!ParseCount(optarg, 1, 65535)) {
+          return UsageError(Usage(), absl::StrCat("--port '", optarg,
+                                                  "': expected 1 to 65535"));
+        }
+        args->port = optarg;
+        break;
+      case 'f':
+        if (auto s = CheckImageFormat(optarg); !s.ok()) {
+          return UsageError(Usage(), s.message());
+        }
+        args->format = optarg;
+        break;
+      case 'r':
+        args->read_only = true;
+        break;
+      case kExportName:
+        args->export_name = optarg;
+        break;
+      case kShared:
+        if (!ParseCount(optarg, 1, 1 << 20)) {
+          return UsageError(Usage(), absl::StrCat("--shared '", optarg,
+                                                  "': expected a count >= 1"));
+        }
+        args->shared = optarg;
+        break;
+      case kThreads:
+        if (!ParseCount(optarg, 1, 1024)) {
+          return UsageError(Usage(), absl::StrCat("--threads '", optarg,
+                                                  "': expected 1 to 1024"));
+        }
+        args->threads = optarg;
+        break;
+      case kFork:
+        args->fork = true;
+        break;
+      case kPidFile:
+        args->pid_file = optarg;
+        break;
+      case kSync:
+        args->sync = true;
+        break;
+      case kDirect:
+        args->direct = true;
+        break;
+      case 'v':
+        args->verbose = true;
+        break;
+      case 'U':
+        args->force_share = true;
+        break;
+      case kOptBackingRoot:
+        args->backing_root = optarg;
+        break;
+      default:
+        return UsageError(Usage(), "");
+    }
+  }
+  if (optind + 1 != argc) {
+    return UsageError(Usage(), optind == argc ? "no IMAGE given"
+                                              : "more than one IMAGE given");
+  }
+  args->image = argv[optind];
+  if (!args->socket.empty() && !args->port.empty()) {
+    return UsageError(Usage(), "--socket and --port exclude each other");
+  }
+  if (args->force_share && !args->read_only) {
+    return UsageError(Usage(), "-U (--force-share) needs -r (--read-only)");
+  }
+  return -1;
+}
+
+// The plugin: $QCOWTOOL_NBDKIT_PLUGIN, the one next to this binary (build
+// tree), the installed one, else nbdkit's own lookup by name.
+std::string PluginPath() {
+  if (const char* env = std::getenv("QCOWTOOL_NBDKIT_PLUGIN");
+      env != nullptr && *env != '\0') {
+    return env;
+  }
+  std::string self(4096, '\0');
+  ssize_t n = ::readlink("/proc/self/exe", self.data(), self.size() - 1);
+  if (n > 0) {
+    self.resize(n);
+    std::string beside =
+        self.substr(0, self.rfind('/') + 1) + "nbdkit-libqcow2-plugin.so";
+    if (::access(beside.c_str(), R_OK) == 0) return beside;
+  }
+#ifdef QCOW2_NBDKIT_PLUGIN_INSTALLED
+  if (::access(QCOW2_NBDKIT_PLUGIN_INSTALLED, R_OK) == 0) {
+    return QCOW2_NBDKIT_PLUGIN_INSTALLED;
+  }
+#endif
+  return "libqcow2";
+}
+
+std::vector<std::string> NbdkitArgv(const ServeArgs& a) {
+  const char* env = std::getenv("QCOWTOOL_NBDKIT");
+  std::vector<std::string> argv = {env != nullptr && *env ? env : "nbdkit"};
+  if (!a.fork) argv.push_back("--foreground");
+  if (!a.pid_file.empty()) argv.insert(argv.end(), {"--pidfile", a.pid_file});
+  if (!a.socket.empty()) argv.insert(argv.end(), {"--unix", a.socket});
+  if (!a.port.empty()) argv.insert(argv.end(), {"--port", a.port});
+  if (!a.threads.empty()) argv.insert(argv.end(), {"--threads", a.threads});
+  if (a.read_only) argv.push_back("--readonly");
+  if (a.verbose) argv.push_back("--verbose");
+  if (!a.export_name.empty()) {
+    argv.insert(argv.end(), {"--exportname", a.export_name});
+  }
+  if (!a.shared.empty()) argv.push_back("--filter=limit");
+  argv.push_back(PluginPath());
+  argv.push_back("file=" + a.image);
+  if (!a.format.empty()) argv.push_back("format=" + a.format);
+  if (a.read_only) argv.push_back("readonly=true");
+  if (a.force_share) argv.push_back("force-share=true");
+  if (a.sync) argv.push_back("queue=false");
+  if (a.direct) argv.push_back("direct=true");
+  if (!a.backing_root.empty()) argv.push_back("backing-root=" + a.backing_root);
+  if (!a.export_name.empty()) argv.push_back("export=" + a.export_name);
+  if (!a.shared.empty()) argv.push_back("limit=" + a.shared);
+  return argv;
+}
+
+// Opens (and closes) the image as the plugin will, for an early error.
+absl::Status CheckOpens(const ServeArgs& a) {
+  OpenOptions opts;
+  opts.read_write = !a.read_only;
+  opts.format = a.format;
+  opts.direct_io = a.direct;
+  opts.force_share = a.force_share;
+  opts.backing_root = a.backing_root;
+  auto image = Image::Open(a.image, opts);
+  if (!image.ok()) return image.status();
+  return (*image)->Close();
+}
+
+}  // namespace
+
+int RunServe(int argc, char** argv) {
+  ServeArgs args;
+  if (int rc = ParseArgs(argc, argv, &args); rc >= 0) return rc;
+  if (absl::Status s = CheckOpens(args); !s.ok()) return ReportError(s);
+  std::vector<std::string> nbdkit = NbdkitArgv(args);
+  std::vector<char*> cargv;
+  for (std::string& arg : nbdkit) cargv.push_back(arg.data());
+  cargv.push_back(nullptr);
+  ::execvp(cargv[0], cargv.data());
+  const int err = errno;
+  return ReportError(absl::ErrnoToStatus(
+      err, absl::StrCat("running ", nbdkit[0],
+                        " (install nbdkit, or name it in QCOWTOOL_NBDKIT)")));
+}
+
+}  // namespace qcow2::tool
