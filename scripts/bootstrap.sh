@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Installs whatever build and test dependencies are missing (Debian 12
 # packages only), then configures and builds into ./build.
 #   QCOW2_BUILD_DIR   build directory (default: build)

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Builds the libFuzzer targets (fuzz/) with clang, makes seed corpora with
 # qemu-img, replays fuzz/regressions/, then fuzzes each target for a bounded
 # time. Exits non-zero on any crash, leak, timeout or sanitizer report.

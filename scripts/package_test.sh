@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Checks libqcow2 as a package, the way a hypervisor would consume it:
 #
 #   install     the project installed with `cmake --install` into a

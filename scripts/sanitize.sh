@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Builds the tests with sanitizers and runs them.
 #
 #   bash scripts/sanitize.sh asan   AddressSanitizer + UndefinedBehaviorSanitizer

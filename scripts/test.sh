@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Runs the whole default test suite (unit + interop against qemu-img).
 # Longer fuzzing and soak runs: QCOW2_LONG_TESTS=1.
 set -euo pipefail

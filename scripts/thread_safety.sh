@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Builds the library and qcowtool with clang's thread-safety analysis
 # (-Wthread-safety), which checks the lock annotations (ABSL_GUARDED_BY,
 # ABSL_EXCLUSIVE_LOCKS_REQUIRED, ... on lib/base/mutex.h's Mutex) at compile

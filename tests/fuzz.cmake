@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # fuzz_smoke (label "fuzz"): scripts/fuzz.sh --smoke, i.e. a clang build of
 # the libFuzzer targets in its own tree (<build>/fuzz-smoke), seeds made with
 # qemu-img, the regression inputs replayed and ~20 s of fuzzing per target.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Checks the include layering of lib/.
 
 The folders of lib/ are layered bottom to top in the order given by the

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Builds the malformed-image corpus: qcow2 files that lie about themselves.
 
     python3 tests/malformed_corpus.py OUTDIR [--only NAME[,NAME...]] [--list]
