@@ -23,6 +23,7 @@
 #include "absl/strings/strip.h"
 #include "gmock/gmock.h"
 #include "qcow2/image.h"
+#include "qcow2/queue.h"
 #include "tests/util/test_util.h"
 
 namespace qcow2 {
@@ -76,6 +77,41 @@ uint64_t FillUntilFull(Image* img, absl::Status* error) {
   for (uint64_t i = 0; i * kChunk < img->size(); ++i) {
     absl::Status s = img->Write(i * kChunk, Pattern(i));
     if (s.ok()) s = img->Flush();
+    if (!s.ok()) {
+      *error = s;
+      return flushed;
+    }
+    flushed = i + 1;
+  }
+  *error = absl::OkStatus();
+  return flushed;
+}
+
+// FillUntilFull through a Queue (io_uring): each chunk's write, then its
+// flush, submitted and polled for.
+uint64_t FillUntilFullQueued(Image* img, absl::Status* error) {
+  QueueOptions qo;
+  qo.depth = 4;
+  auto q = img->CreateQueue(qo);
+  if (!q.ok()) {
+    *error = q.status();
+    return 0;
+  }
+  uint64_t flushed = 0;
+  for (uint64_t i = 0; i * kChunk < img->size(); ++i) {
+    const std::vector<uint8_t> data = Pattern(i);
+    absl::Status result;
+    auto done = [&result](absl::Status st) { result = std::move(st); };
+    absl::Status s = (*q)->SubmitWrite(i * kChunk, data, done);
+    if (s.ok()) {
+      (*q)->Drain();
+      s = result;
+    }
+    if (s.ok()) s = (*q)->SubmitFlush(done);
+    if (s.ok()) {
+      (*q)->Drain();
+      s = result;
+    }
     if (!s.ok()) {
       *error = s;
       return flushed;
@@ -196,6 +232,32 @@ TEST_F(BlockDeviceTest, RunningOutOfDeviceSaysNoSpaceAndStaysConsistent) {
   std::printf("qcowtool io: %s", io.err.c_str());
   EXPECT_EQ(io.exit_code, 2);
   EXPECT_THAT(io.err, HasSubstr(absl::StrCat("no space left on ", dev_)));
+  ExpectConsistent(dev_, flushed);
+}
+
+// The same through a Queue: the io_uring executor's failure names the
+// device and its size too.
+TEST_F(BlockDeviceTest, RunningOutOfDeviceThroughAQueueSaysNoSpace) {
+  CommandResult c = Qcowtool({"create", "-q", "-f", "qcow2", dev_, "128M"});
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  uint64_t flushed = 0;
+  {
+    OpenOptions o;
+    o.read_write = true;
+    ASSERT_OK_AND_ASSIGN(auto img, Image::Open(dev_, o));
+    absl::Status error;
+    flushed = FillUntilFullQueued(img.get(), &error);
+    ASSERT_FALSE(error.ok()) << "a 64 MiB device held a 128 MiB disk";
+    std::printf("the device filled up after %llu MiB (queue): %s\n",
+                static_cast<unsigned long long>(flushed),
+                std::string(error.message()).c_str());
+    EXPECT_EQ(error.code(), absl::StatusCode::kResourceExhausted) << error;
+    EXPECT_THAT(std::string(error.message()),
+                HasSubstr(absl::StrCat("no space left on ", dev_,
+                                       " (64 MiB)")));
+    EXPECT_GE(flushed, 50u);
+    img->Close().IgnoreError();
+  }
   ExpectConsistent(dev_, flushed);
 }
 

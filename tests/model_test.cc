@@ -775,8 +775,9 @@ class ModelRun {
     if (!snapshot_file_.empty()) {
       // The snapshot still reads as it was taken.
       const std::string out = dir_.File("snap1.raw");
-      std::vector<std::string> argv = {"qemu-img", "convert", "-O", "raw",
-                                       "-l", "snapshot.name=snap1",
+      // -U: the image is still open here (see testing::QemuReadAll).
+      std::vector<std::string> argv = {"qemu-img", "convert", "-U", "-O",
+                                       "raw", "-l", "snapshot.name=snap1",
                                        snapshot_file_, out};
       CommandResult r = ::qcow2::testing::Run(argv);
       if (r.exit_code != 0) {

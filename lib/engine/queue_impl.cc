@@ -402,11 +402,14 @@ void QueueImpl::OnComplete(IoOp* op, int res) {
     const char* what = op->type == kOpRead    ? "read at "
                        : op->type == kOpWrite ? "write at "
                                               : "fdatasync";
-    Fail(r, ErrnoError(-res,
-                       op->type == kOpFlush
-                           ? std::string(what) + " of"
-                           : absl::StrCat(what, op->offset + op->done, " of"),
-                       op->file->name()));
+    const std::string where =
+        op->type == kOpFlush ? std::string(what)
+                             : absl::StrCat(what, op->offset + op->done);
+    if (const auto* pf = dynamic_cast<const PosixFile*>(Unwrapped(op->file))) {
+      Fail(r, pf->Error(-res, where));  // names a full device's size
+    } else {
+      Fail(r, ErrnoError(-res, where + " of", op->file->name()));
+    }
   } else if (op->type != kOpFlush) {
     op->done += static_cast<uint64_t>(res);
     if (op->done < op->bytes) {

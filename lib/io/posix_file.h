@@ -71,6 +71,10 @@ class PosixFile : public File {
   const std::string& name() const override { return name_; }
   uint32_t alignment() const override { return alignment_; }
   int fd() const { return fd_; }
+  // The error of a failed call (`what`: "write at 4096") on this file, as
+  // ErrnoError gives it; ENOSPC on a device names the device's size. For
+  // the io_uring executor, whose calls fail outside this class.
+  absl::Status Error(int err, const std::string& what) const;
 
  private:
   absl::Status RawRead(uint64_t offset, uint8_t* buf, size_t len);
@@ -85,8 +89,6 @@ class PosixFile : public File {
   // (Reserve runs with no lock of the image's held: size_mu_ orders the
   // two steps against other lengthenings.)
   absl::Status GrowTo(uint64_t size);
-  // ErrnoError for this file; ENOSPC on a device names its size.
-  absl::Status Error(int err, const std::string& what) const;
   // A device's size is fixed: OK up to it, kResourceExhausted past it.
   // REQUIRES: device_size_.
   absl::Status DeviceCannotGrow(uint64_t size) const;

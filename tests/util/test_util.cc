@@ -126,7 +126,8 @@ absl::StatusOr<std::vector<uint8_t>> QemuCheckedReadAll(
 
 absl::StatusOr<std::vector<uint8_t>> QemuReadAll(const std::string& image) {
   std::string raw = image + ".oracle.raw";
-  CommandResult r = Run({"qemu-img", "convert", "-O", "raw", image, raw});
+  CommandResult r =
+      Run({"qemu-img", "convert", "-U", "-O", "raw", image, raw});
   if (r.exit_code != 0) {
     return absl::InternalError(
         absl::StrCat("qemu-img convert ", image, " failed: ", r.err));
@@ -137,7 +138,7 @@ absl::StatusOr<std::vector<uint8_t>> QemuReadAll(const std::string& image) {
 }
 
 CommandResult QemuCheck(const std::string& image) {
-  return Run({"qemu-img", "check", "--output=json", image});
+  return Run({"qemu-img", "check", "-U", "--output=json", image});
 }
 
 std::string QcowtoolPath() {

@@ -76,11 +76,13 @@ absl::Status WriteFileBytes(const std::string& path,
                             const std::vector<uint8_t>& bytes);
 
 // Converts `image` to raw with `qemu-img convert -O raw` and returns the
-// bytes (the oracle for every read test).
+// bytes (the oracle for every read test). With -U (force-share): many
+// tests look at an image their process still holds open read-write,
+// after a flush; the tests of locking run qemu-img without it.
 absl::StatusOr<std::vector<uint8_t>> QemuReadAll(const std::string& image);
 
-// Runs `qemu-img check --output=json` and returns its exit code (0 clean,
-// 2 corruptions, 3 leaks) with the output.
+// Runs `qemu-img check -U --output=json` (see QemuReadAll on -U) and
+// returns its exit code (0 clean, 2 corruptions, 3 leaks) with the output.
 CommandResult QemuCheck(const std::string& image);
 
 // QemuReadAll, once `qemu-img check` has found `image` clean: an error
