@@ -1178,15 +1178,12 @@ TEST(ModelRegressionTest, PreallocatedLiveOverlayHidesBackingXl2) {
            /*memory=*/true);
 }
 
-// Finding (disabled: arguably by design): writing into an image with a
-// persistent dirty bitmap clears the autoclear "bitmaps" bit, as the spec
-// asks of writers that do not maintain bitmaps. qemu then ignores the
-// bitmap directory, whose clusters remain allocated: `qemu-img check`
-// exits 3 ("2 leaked clusters", "a program lacking bitmap support modified
-// this file, so all bitmaps are now considered inconsistent"). Our
-// contract says a clean close leaves no leaks; enabling this test asks the
-// library to drop the bitmaps extension and free its clusters instead.
-TEST(ModelRegressionTest, DISABLED_PersistentBitmapClustersLeak) {
+// Once a finding: writing into an image with a persistent dirty bitmap
+// cleared the autoclear "bitmaps" bit, so qemu ignored the bitmap
+// directory, whose clusters stayed allocated (`qemu-img check` exit 3, "2
+// leaked clusters"). The library now maintains the bitmaps (issue 24): the
+// write sets their bits and a clean close stores them, so check is clean.
+TEST(ModelRegressionTest, PersistentBitmapClustersLeak) {
   SKIP_WITHOUT_QEMU();
   ModelConfig cfg = C(65536, 16, false, false, false, false, Base::kQemu,
                       4 << 20);
