@@ -10,6 +10,12 @@ set_target_properties(c_api_test PROPERTIES
   C_EXTENSIONS OFF)
 target_compile_options(c_api_test PRIVATE -Wall -Wextra -Werror -pedantic)
 target_link_libraries(c_api_test PRIVATE qcow2_shared)
+if(QCOW2_SANITIZE)
+  # A sanitized libqcow2.so needs the sanitizers' C++ runtime (UBSan's
+  # type checks), which only the C++ driver links: a sanitized build
+  # links the C test as C++. An ordinary build links it as C.
+  set_target_properties(c_api_test PROPERTIES LINKER_LANGUAGE CXX)
+endif()
 add_test(NAME c_api
   COMMAND sh -c "d=$(mktemp -d) && \"$0\" \"$d\"; rc=$?; rm -rf \"$d\"; exit $rc"
           $<TARGET_FILE:c_api_test>)
