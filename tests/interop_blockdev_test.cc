@@ -204,29 +204,34 @@ TEST_F(BlockDeviceTest, PartialWritesNeverExposeOldDeviceContents) {
   EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
 }
 
+// Fills a 128 MiB disk on the 64 MiB device with `fill` (synchronous calls
+// or a Queue): the failure names the device and its size, most of the
+// device was used first, and the image stays consistent.
+void ExpectNoSpaceAndConsistent(const std::string& dev,
+                                uint64_t (*fill)(Image*, absl::Status*),
+                                uint64_t* flushed) {
+  OpenOptions o;
+  o.read_write = true;
+  ASSERT_OK_AND_ASSIGN(auto img, Image::Open(dev, o));
+  absl::Status error;
+  *flushed = fill(img.get(), &error);
+  ASSERT_FALSE(error.ok()) << "a 64 MiB device held a 128 MiB disk";
+  std::printf("the device filled up after %llu MiB: %s\n",
+              static_cast<unsigned long long>(*flushed),
+              std::string(error.message()).c_str());
+  EXPECT_EQ(error.code(), absl::StatusCode::kResourceExhausted) << error;
+  EXPECT_THAT(std::string(error.message()),
+              HasSubstr(absl::StrCat("no space left on ", dev, " (64 MiB)")));
+  EXPECT_GE(*flushed, 50u);
+  img->Close().IgnoreError();
+  ExpectConsistent(dev, *flushed);
+}
+
 TEST_F(BlockDeviceTest, RunningOutOfDeviceSaysNoSpaceAndStaysConsistent) {
   CommandResult c = Qcowtool({"create", "-q", "-f", "qcow2", dev_, "128M"});
   ASSERT_EQ(c.exit_code, 0) << c.err;
   uint64_t flushed = 0;
-  {
-    OpenOptions o;
-    o.read_write = true;
-    ASSERT_OK_AND_ASSIGN(auto img, Image::Open(dev_, o));
-    absl::Status error;
-    flushed = FillUntilFull(img.get(), &error);
-    ASSERT_FALSE(error.ok()) << "a 64 MiB device held a 128 MiB disk";
-    std::printf("the device filled up after %llu MiB: %s\n",
-                static_cast<unsigned long long>(flushed),
-                std::string(error.message()).c_str());
-    EXPECT_EQ(error.code(), absl::StatusCode::kResourceExhausted) << error;
-    EXPECT_THAT(std::string(error.message()),
-                HasSubstr(absl::StrCat("no space left on ", dev_,
-                                       " (64 MiB)")));
-    // Most of the device was used before it ran out.
-    EXPECT_GE(flushed, 50u);
-    img->Close().IgnoreError();
-  }
-  ExpectConsistent(dev_, flushed);
+  ExpectNoSpaceAndConsistent(dev_, &FillUntilFull, &flushed);
   // The CLI says the same.
   CommandResult io = Qcowtool({"io", dev_, "-c", "write 100M 1M"});
   std::printf("qcowtool io: %s", io.err.c_str());
@@ -241,24 +246,7 @@ TEST_F(BlockDeviceTest, RunningOutOfDeviceThroughAQueueSaysNoSpace) {
   CommandResult c = Qcowtool({"create", "-q", "-f", "qcow2", dev_, "128M"});
   ASSERT_EQ(c.exit_code, 0) << c.err;
   uint64_t flushed = 0;
-  {
-    OpenOptions o;
-    o.read_write = true;
-    ASSERT_OK_AND_ASSIGN(auto img, Image::Open(dev_, o));
-    absl::Status error;
-    flushed = FillUntilFullQueued(img.get(), &error);
-    ASSERT_FALSE(error.ok()) << "a 64 MiB device held a 128 MiB disk";
-    std::printf("the device filled up after %llu MiB (queue): %s\n",
-                static_cast<unsigned long long>(flushed),
-                std::string(error.message()).c_str());
-    EXPECT_EQ(error.code(), absl::StatusCode::kResourceExhausted) << error;
-    EXPECT_THAT(std::string(error.message()),
-                HasSubstr(absl::StrCat("no space left on ", dev_,
-                                       " (64 MiB)")));
-    EXPECT_GE(flushed, 50u);
-    img->Close().IgnoreError();
-  }
-  ExpectConsistent(dev_, flushed);
+  ExpectNoSpaceAndConsistent(dev_, &FillUntilFullQueued, &flushed);
 }
 
 TEST_F(BlockDeviceTest, ConvertOntoTheDeviceWritesTheZerosToo) {
