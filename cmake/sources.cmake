@@ -56,6 +56,7 @@ set(QCOW2_LIB_SOURCES
   ${PROJECT_SOURCE_DIR}/lib/meta/write_back_file.cc
 )
 set(QCOWTOOL_SOURCES
+  ${PROJECT_SOURCE_DIR}/tools/bench_device.cc
   ${PROJECT_SOURCE_DIR}/tools/bench_options.cc
   ${PROJECT_SOURCE_DIR}/tools/bench_output.cc
   ${PROJECT_SOURCE_DIR}/tools/bench_progress.cc

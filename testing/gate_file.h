@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "qcow2/file.h"
+#include "testing/forwarding_file.h"
 
 namespace qcow2::testing {
 
@@ -31,42 +32,39 @@ struct GateSpec {
 // Once armed, the first matching operation waits for Release(); every
 // other operation, and matching ones after that first, go straight to the
 // file beneath (until the gate is armed again).
-class GateFile : public File {
+class GateFile : public ForwardingFile {
  public:
   GateFile(std::unique_ptr<File> inner, GateSpec spec)
-      : inner_(std::move(inner)), spec_(spec) {}
+      : ForwardingFile(std::move(inner)), spec_(spec) {}
 
   absl::Status ReadAt(uint64_t offset, absl::Span<uint8_t> buf) override {
     if (spec_.read_size != 0 && buf.size() == spec_.read_size) Hold();
-    return inner_->ReadAt(offset, buf);
+    return ForwardingFile::ReadAt(offset, buf);
   }
-  absl::Status WriteAt(uint64_t offset, absl::Span<const uint8_t> d) override {
-    return inner_->WriteAt(offset, d);
+  // Vectored reads go through ReadAt, segment by segment, so the gate
+  // sees each.
+  absl::Status ReadvAt(uint64_t offset, absl::Span<const iovec> iov) override {
+    return File::ReadvAt(offset, iov);
   }
   absl::Status Flush() override {
     if (spec_.flush) Hold();
-    return inner_->Flush();
-  }
-  absl::StatusOr<uint64_t> Size() override { return inner_->Size(); }
-  absl::Status Truncate(uint64_t size) override {
-    return inner_->Truncate(size);
+    return ForwardingFile::Flush();
   }
   absl::Status Extend(uint64_t old_size, uint64_t new_size) override {
     if (spec_.grow) Hold();
-    return inner_->Extend(old_size, new_size);
+    return ForwardingFile::Extend(old_size, new_size);
   }
   absl::Status Reserve(uint64_t offset, uint64_t len) override {
     if (spec_.grow) Hold();
     if (spec_.reserve_error != absl::StatusCode::kOk) {
       return absl::Status(spec_.reserve_error, "reserve refused by the test");
     }
-    return inner_->Reserve(offset, len);
+    return ForwardingFile::Reserve(offset, len);
   }
   absl::Status Discard(uint64_t offset, uint64_t len) override {
     if (spec_.discard) Hold();
-    return inner_->Discard(offset, len);
+    return ForwardingFile::Discard(offset, len);
   }
-  const std::string& name() const override { return inner_->name(); }
 
   void Arm();
   void Release();
@@ -77,7 +75,6 @@ class GateFile : public File {
  private:
   void Hold();
 
-  std::unique_ptr<File> inner_;
   const GateSpec spec_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "qcow2/image.h"
 #include "tests/util/json_lite.h"
+#include "tests/util/loop_device.h"
 #include "tests/util/test_util.h"
 #include "tools/bench_output.h"
 #include "tools/bench_runner.h"
@@ -400,6 +401,126 @@ TEST(BenchCliTest, QdSideBySide) {
   EXPECT_TRUE(WellFormedSvg(ReadText(dir.File("qd.svg"))));
 }
 
+// --modes=read,write measures both, and every row carries the CPU time
+// per request, with qcow2's against raw's on the qcow2 row.
+TEST(BenchCliTest, QdWritesAndCpuPerRequest) {
+  TempDir dir;
+  json::Value v = RunJson(dir, {"qd", "--image-size=4M", "--qd=2",
+                                "--modes=read,write", "--count=2000"});
+  EXPECT_EQ(v["params"]["modes"].as_string(), "read,write");
+  const json::Value& rows = v["rows"];
+  ASSERT_EQ(rows.size(), 4u);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const std::string op = i < 2 ? "read" : "write";
+    EXPECT_EQ(rows[i]["op"].as_string(), op);
+    CheckRow(rows[i], op);
+    EXPECT_EQ(rows[i]["ops"].as_uint64(), 2000u);
+    EXPECT_GT(Num(rows[i], "cpu_us_per_op"), 0) << i;
+  }
+  for (size_t i : {0u, 2u}) {
+    EXPECT_NEAR(Num(rows[i], "cpu_ratio_vs_raw"),
+                Num(rows[i], "cpu_us_per_op") /
+                    Num(rows[i + 1], "cpu_us_per_op"),
+                1e-3 * Num(rows[i], "cpu_ratio_vs_raw"));
+    EXPECT_TRUE(rows[i + 1]["cpu_ratio_vs_raw"].is_null());
+  }
+  EXPECT_GT(rows[2]["guest_bytes"].as_uint64(), 0u);
+}
+
+// --device: a block device that holds something is refused without
+// --force, and left as it was; a file is not a device.
+TEST(BenchCliTest, DeviceWithContentsIsRefusedUnlessForced) {
+  TempDir dir;
+  const std::string backing = dir.File("dev.img");
+  testing::LoopDevice loop(backing, 40 << 20, 0);
+  if (loop.path().empty()) GTEST_SKIP() << "no loop device: " << loop.why();
+  // An ext4 superblock's magic, where ext4 keeps it.
+  {
+    int fd = ::open(loop.path().c_str(), O_WRONLY);
+    ASSERT_GE(fd, 0);
+    const uint8_t magic[2] = {0x53, 0xef};
+    ASSERT_EQ(::pwrite(fd, magic, 2, 1080), 2);
+    ::fsync(fd);
+    ::close(fd);
+  }
+  const std::vector<std::string> qd = {
+      Qcowtool(), "bench", "qd", "-q", "--device=" + loop.path(),
+      "--image-size=8M", "--qd=2", "--count=100", "--dir=" + dir.path(),
+      CacheFlag(dir.path())};
+  CommandResult r = RunCmd(qd);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "ext2/3/4")) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "--force")) << r.err;
+  {
+    std::ifstream in(loop.path(), std::ios::binary);
+    in.seekg(1080);
+    char got[2];
+    in.read(got, 2);
+    EXPECT_EQ(static_cast<uint8_t>(got[0]), 0x53) << "device written";
+  }
+  std::vector<std::string> forced = qd;
+  forced.push_back("--force");
+  forced.push_back("--output=json");
+  r = RunCmd(forced);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+
+  r = RunCmd({Qcowtool(), "bench", "qd", "--device=" + backing});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(r.err, "is not a block device")) << r.err;
+  r = RunCmd({Qcowtool(), "bench", "overlay", "--device=" + loop.path()});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(absl::StrContains(r.err, "--device")) << r.err;
+}
+
+// qd and rmw on a block device: the qcow2 images are written there (the
+// fresh overlays allocate), the raw rows are the device, and the device's
+// first MiB is zeroed afterwards so a new run is not refused.
+TEST(BenchCliTest, QdAndRmwOnADevice) {
+  TempDir dir;
+  testing::LoopDevice loop(dir.File("dev.img"), 48 << 20, 0);
+  if (loop.path().empty()) GTEST_SKIP() << "no loop device: " << loop.why();
+  const std::string dev = "--device=" + loop.path();
+  json::Value v = RunJson(dir, {"qd", dev, "--image-size=8M", "--qd=2",
+                                "--modes=read,write", "--count=300"});
+  EXPECT_EQ(v["params"]["device"].as_string(), loop.path());
+  ASSERT_EQ(v["rows"].size(), 4u);
+  for (const json::Value& row : v["rows"].array()) {
+    CheckRow(row, row["op"].as_string());
+    EXPECT_EQ(row["ops"].as_uint64(), 300u);
+  }
+  // Too small for both targets: a usage error naming the device.
+  CommandResult r =
+      RunCmd({Qcowtool(), "bench", "qd", "-q", dev, "--image-size=40M"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_TRUE(absl::StrContains(r.err, "too small")) << r.err;
+
+  v = RunJson(dir, {"rmw", dev, "--image-size=8M", "--bs=4k,64k",
+                    "--count=200", "--depth=1", "--repeat=1", "--time=0.2"});
+  std::vector<std::string> targets;
+  for (const json::Value& row : v["rows"].array()) {
+    targets.push_back(row["target"].as_string());
+    CheckRow(row, row["op"].as_string());
+  }
+  const std::vector<std::string> want = {
+      "fresh overlay", "fresh overlay", "allocated", "raw device",
+      "fresh overlay", "fresh overlay", "allocated", "raw device",
+      "fresh overlay", "fresh overlay", "allocated", "depth 0", "depth 1"};
+  EXPECT_EQ(targets, want);
+  for (const json::Value& row : v["rows"].array()) {
+    if (row["target"].as_string() == "fresh overlay") {
+      EXPECT_GT(row["cluster_allocations"].as_uint64(), 0u);
+    }
+  }
+  std::vector<uint8_t> head(1 << 20, 1);
+  int fd = ::open(loop.path().c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::pread(fd, head.data(), head.size(), 0),
+            static_cast<ssize_t>(head.size()));
+  ::close(fd);
+  EXPECT_TRUE(std::all_of(head.begin(), head.end(),
+                          [](uint8_t b) { return b == 0; }));
+}
+
 TEST(BenchCliTest, CdmTable) {
   TempDir dir;
   json::Value v = RunJson(dir, {"cdm", "--image-size=2M", "--count=8"});
@@ -483,6 +604,9 @@ TEST(BenchCliTest, BadOptionsExit1NamingThem) {
       {{"overlay", "--cache=fast"}, "--cache"},
       {{"overlay", "--output=xml"}, "--output"},
       {{"qd", "--depth=2"}, "--depth"},
+      {{"qd", "--modes=shared"}, "--modes"},
+      {{"scaling", "--modes=write"}, "--modes"},
+      {{"qd", "--modes=append"}, "--modes"},
       {{"overlay", "--image-size=1M", "--bs=2M"}, "--bs"},
       {{"scaling", "--size-per-writer=1M", "--bs=3M"}, "--size-per-writer"},
       {{"sweep", "--mix=4k"}, "--mix"},

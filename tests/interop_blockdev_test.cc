@@ -24,6 +24,7 @@
 #include "gmock/gmock.h"
 #include "qcow2/image.h"
 #include "qcow2/queue.h"
+#include "tests/util/loop_device.h"
 #include "tests/util/test_util.h"
 
 namespace qcow2 {
@@ -31,40 +32,11 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing::CommandResult;
+using testing::LoopDevice;
 using testing::TempDir;
 
 constexpr uint64_t kDeviceBytes = 64ull << 20;
 constexpr uint64_t kChunk = 1 << 20;
-
-// A loop device over a file of `bytes` bytes of 0xa5 junk; detached when
-// destroyed.
-class LoopDevice {
- public:
-  LoopDevice(const std::string& backing, uint64_t bytes) {
-    FILE* f = std::fopen(backing.c_str(), "w");
-    if (f == nullptr) return;
-    std::vector<uint8_t> junk(kChunk, 0xa5);
-    for (uint64_t i = 0; i < bytes; i += kChunk) {
-      std::fwrite(junk.data(), 1, junk.size(), f);
-    }
-    std::fclose(f);
-    CommandResult r = testing::Run({"losetup", "-f", "--show", backing});
-    if (r.exit_code != 0) {
-      why_ = r.err;
-      return;
-    }
-    path_ = std::string(absl::StripTrailingAsciiWhitespace(r.out));
-  }
-  ~LoopDevice() {
-    if (!path_.empty()) testing::Run({"losetup", "-d", path_});
-  }
-  const std::string& path() const { return path_; }
-  const std::string& why() const { return why_; }
-
- private:
-  std::string path_;
-  std::string why_;
-};
 
 std::vector<uint8_t> Pattern(uint64_t i) {
   return std::vector<uint8_t>(kChunk, static_cast<uint8_t>(0x10 + i % 200));

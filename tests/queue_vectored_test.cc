@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "testing/forwarding_file.h"
 #include "qcow2/c.h"
 #include "qcow2/file.h"
 #include "qcow2/image.h"
@@ -180,7 +181,7 @@ INSTANTIATE_TEST_SUITE_P(Backends, QueueVectoredTest,
 // A File that records the buffers it is handed (then does the I/O on the
 // real file): queues drive such files synchronously, from the same plan
 // they put on the ring.
-class RecordingFile : public File {
+class RecordingFile : public testing::ForwardingFile {
  public:
   struct Call {
     bool write;
@@ -189,47 +190,44 @@ class RecordingFile : public File {
   };
   RecordingFile(std::unique_ptr<File> inner, std::vector<Call>* calls,
                 std::mutex* mu)
-      : inner_(std::move(inner)), calls_(calls), mu_(mu) {}
+      : ForwardingFile(std::move(inner)), calls_(calls), mu_(mu) {}
   absl::Status ReadAt(uint64_t offset, absl::Span<uint8_t> buf) override {
     Note(false, offset, {{buf.data(), buf.size()}});
-    return inner_->ReadAt(offset, buf);
+    return ForwardingFile::ReadAt(offset, buf);
   }
   absl::Status WriteAt(uint64_t offset,
                        absl::Span<const uint8_t> data) override {
     Note(true, offset, {{const_cast<uint8_t*>(data.data()), data.size()}});
-    return inner_->WriteAt(offset, data);
+    return ForwardingFile::WriteAt(offset, data);
   }
   absl::Status ReadvAt(uint64_t offset, absl::Span<const iovec> iov) override {
     Note(false, offset, {iov.begin(), iov.end()});
-    return inner_->ReadvAt(offset, iov);
+    return ForwardingFile::ReadvAt(offset, iov);
   }
   absl::Status WritevAt(uint64_t offset,
                         absl::Span<const iovec> iov) override {
     Note(true, offset, {iov.begin(), iov.end()});
-    return inner_->WritevAt(offset, iov);
+    return ForwardingFile::WritevAt(offset, iov);
   }
-  absl::Status Flush() override { return inner_->Flush(); }
-  absl::StatusOr<uint64_t> Size() override { return inner_->Size(); }
-  absl::Status Truncate(uint64_t size) override {
-    return inner_->Truncate(size);
+  // As File's defaults: no reservation, no zeroing fast path (the queue
+  // then runs these itself), the inner file's data runs not asked.
+  absl::Status Reserve(uint64_t o, uint64_t n) override {
+    return File::Reserve(o, n);
   }
-  absl::Status Extend(uint64_t o, uint64_t n) override {
-    return inner_->Extend(o, n);
+  absl::Status Allocate(uint64_t o, uint64_t n) override {
+    return File::Allocate(o, n);
   }
-  absl::Status WriteZeroes(uint64_t o, uint64_t n) override {
-    return inner_->WriteZeroes(o, n);
+  absl::StatusOr<bool> DataRun(uint64_t o, uint64_t max_len,
+                               uint64_t* len) override {
+    return File::DataRun(o, max_len, len);
   }
-  absl::Status Discard(uint64_t o, uint64_t n) override {
-    return inner_->Discard(o, n);
-  }
-  const std::string& name() const override { return inner_->name(); }
+  uint32_t alignment() const override { return 1; }
 
  private:
   void Note(bool write, uint64_t offset, std::vector<iovec> iov) {
     std::lock_guard<std::mutex> lock(*mu_);
     calls_->push_back({write, offset, std::move(iov)});
   }
-  std::unique_ptr<File> inner_;
   std::vector<Call>* calls_;
   std::mutex* mu_;
 };

@@ -20,8 +20,10 @@ constexpr std::string_view kWorkloads[] = {"overlay", "scaling", "qd",
                                            "pattern", "cdm",     "sweep",
                                            "rmw"};
 
-constexpr std::string_view kModeNames[] = {"separate", "shared", "raw-separate",
-                                           "raw-shared"};
+// scaling's modes, then qd's.
+constexpr std::string_view kModeNames[] = {"separate",   "shared",
+                                           "raw-separate", "raw-shared",
+                                           "read",       "write"};
 
 absl::Status Bad(std::string_view option, std::string_view text,
                  std::string_view expected) {
@@ -97,6 +99,8 @@ bool Known(std::string_view name) {
 enum LongOption {
   kOutput = 256,
   kDir,
+  kDevice,
+  kForce,
   kTime,
   kCount,
   kCache,
@@ -125,6 +129,8 @@ enum LongOption {
 const option kOptions[] = {
     {"output", required_argument, nullptr, kOutput},
     {"dir", required_argument, nullptr, kDir},
+    {"device", required_argument, nullptr, kDevice},
+    {"force", no_argument, nullptr, kForce},
     {"time", required_argument, nullptr, kTime},
     {"count", required_argument, nullptr, kCount},
     {"cache", required_argument, nullptr, kCache},
@@ -175,6 +181,12 @@ absl::Status Apply(int c, const std::string& name, const char* arg,
     case kDir:
       o->dir = arg;
       return absl::OkStatus();
+    case kDevice:
+      o->device = arg;
+      return absl::OkStatus();
+    case kForce:
+      o->force = true;
+      return absl::OkStatus();
     case kPlot:
       o->plot = arg;
       return absl::OkStatus();
@@ -206,7 +218,8 @@ absl::Status Apply(int c, const std::string& name, const char* arg,
         if (std::find(std::begin(kModeNames), std::end(kModeNames), mv) ==
             std::end(kModeNames)) {
           return Bad(name, mv,
-                     "a list of separate, shared, raw-separate, raw-shared");
+                     "a list of separate, shared, raw-separate, raw-shared "
+                     "(scaling) or of read, write (qd)");
         }
         o->modes.emplace_back(mv);
       }

@@ -44,6 +44,8 @@ struct BenchOptions {
   OutputFormat output = OutputFormat::kHuman;
   bool quiet = false;
   std::string dir;
+  std::string device;  // --device (qd, rmw)
+  bool force = false;  // --force: a --device with contents may be overwritten
   std::optional<double> seconds;  // --time
   std::optional<uint64_t> count;  // --count
   std::optional<bool> direct_io;  // --cache / -t

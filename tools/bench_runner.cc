@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "tools/bench_runner.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -24,6 +26,13 @@ double SecondsBetween(Clock::time_point a, Clock::time_point b) {
 constexpr uint64_t kProgressBatch = 64;
 
 }  // namespace
+
+double ProcessCpuSeconds() {
+  rusage ru{};
+  ::getrusage(RUSAGE_SELF, &ru);
+  auto sec = [](const timeval& tv) { return tv.tv_sec + tv.tv_usec / 1e6; };
+  return sec(ru.ru_utime) + sec(ru.ru_stime);
+}
 
 AlignedBuffer::AlignedBuffer(size_t size, uint8_t fill) : size_(size) {
   const size_t rounded = std::max<size_t>(
@@ -235,10 +244,12 @@ absl::StatusOr<JobResult> RunParallel(std::vector<ThreadJob> jobs) {
     });
   }
   ready.wait();
+  const double cpu0 = ProcessCpuSeconds();
   const Clock::time_point t0 = Clock::now();
   go.count_down();
   for (std::thread& t : threads) t.join();
   const double seconds = SecondsBetween(t0, Clock::now());
+  const double cpu = ProcessCpuSeconds() - cpu0;
 
   JobResult total;
   for (auto& r : results) {
@@ -248,6 +259,7 @@ absl::StatusOr<JobResult> RunParallel(std::vector<ThreadJob> jobs) {
     total.latency.Merge(r->latency);
   }
   total.seconds = n == 1 ? results[0]->seconds : seconds;
+  total.cpu_seconds = cpu;
   return total;
 }
 

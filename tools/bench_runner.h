@@ -119,11 +119,20 @@ struct JobResult {
   uint64_t ops = 0;    // requests completed
   uint64_t bytes = 0;  // guest bytes they moved
   double seconds = 0;  // first submit to last completion (flush included)
+  // CPU time (user + system) of the whole process over the run, io_uring's
+  // kernel workers included (RunParallel only; getrusage RUSAGE_SELF).
+  double cpu_seconds = 0;
   LatencyHistogram latency;
 
   double iops() const { return seconds > 0 ? ops / seconds : 0; }
+  // CPU microseconds per completed request; 0 when none completed.
+  double cpu_us_per_op() const { return ops > 0 ? cpu_seconds * 1e6 / ops : 0; }
   double mb_per_s() const { return seconds > 0 ? bytes / seconds / 1e6 : 0; }
 };
+
+// User + system CPU seconds the process has used so far, every thread and
+// the io_uring workers it started included.
+double ProcessCpuSeconds();
 
 // Runs one job on `queue` from the calling thread. Stops at the first
 // failed request (after draining) and returns its error; kCancelled when a

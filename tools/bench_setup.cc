@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
@@ -88,17 +89,18 @@ absl::StatusOr<std::unique_ptr<Image>> CreateBenchImage(
 }
 
 absl::Status FillImage(Image& image, uint8_t byte, Progress& progress,
-                       const std::string& what) {
-  const uint64_t size = image.size();
+                       const std::string& what, uint64_t start,
+                       uint64_t len) {
+  const uint64_t size = len != 0 ? len : image.size() - start;
   uint32_t chunk = 1 << 20;
-  while (chunk > 512 && size % chunk != 0) chunk /= 2;
+  while (chunk > 512 && (size % chunk != 0 || start % chunk != 0)) chunk /= 2;
   if (size < chunk) return absl::OkStatus();
   progress.Step(absl::StrCat("filling ", what, " (", FormatSize(size), ")"));
   JobSpec spec;
   spec.op = Op::kWrite;
   spec.qd = 8;
   spec.max_len = chunk;
-  spec.next = SequentialRequests(0, size, chunk);
+  spec.next = SequentialRequests(start, size, chunk);
   spec.count = size / chunk;
   spec.flush = true;
   spec.fill = byte;
@@ -132,6 +134,53 @@ absl::StatusOr<Targets> MakeFilledTargets(Scratch& scratch, Progress& progress,
   return t;
 }
 
+std::optional<uint64_t> DeviceRawStart(uint64_t device_size, uint64_t size) {
+  // Room for the qcow2 image written in full (data, and metadata well
+  // under 1/64 of it) below the raw range, which starts on a MiB.
+  const uint64_t raw_start = (device_size - std::min(device_size, size)) &
+                             ~uint64_t{(1 << 20) - 1};
+  if (raw_start < size + size / 64 + (4 << 20)) return std::nullopt;
+  return raw_start;
+}
+
+absl::StatusOr<Targets> MakeDeviceTargets(const std::string& device,
+                                          uint64_t device_size,
+                                          Progress& progress, uint64_t size,
+                                          uint32_t cluster, bool direct) {
+  const std::optional<uint64_t> raw_start = DeviceRawStart(device_size, size);
+  if (!raw_start) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--device ", device, " (", FormatSize(device_size),
+        ") is too small for a qcow2 image and a raw range of --image-size ",
+        FormatSize(size), " each"));
+  }
+  Targets t;
+  t.qcow2_path = device;
+  t.raw_path = device;
+  t.raw_start = *raw_start;
+  CreateOptions c;
+  c.size = size;
+  c.cluster_size = cluster;
+  auto q = CreateBenchImage(device, c, direct);
+  if (!q.ok()) return q.status();
+  t.qcow2 = std::move(*q);
+  if (auto s = FillImage(*t.qcow2, 0x5a, progress, "qcow2 on " + device);
+      !s.ok()) {
+    return s;
+  }
+  OpenOptions raw = BenchOpenOptions(direct, true, "raw");
+  raw.lock = false;
+  auto r = Image::Open(device, raw);
+  if (!r.ok()) return r.status();
+  t.raw = std::move(*r);
+  if (auto s = FillImage(*t.raw, 0x5a, progress, "raw range of " + device,
+                         *raw_start, size);
+      !s.ok()) {
+    return s;
+  }
+  return t;
+}
+
 std::string EngineName(Image& image) {
   auto q = image.CreateQueue();
   if (!q.ok()) return "unknown";
@@ -149,7 +198,8 @@ void AddRateColumns(const JobResult& r, Record* row) {
       .Set("iops", Value::Num(r.iops()))
       .Set("mb_per_s", Value::Num(r.mb_per_s()))
       .Set("lat_p50_us", Value::Num(r.latency.PercentileUs(0.50)))
-      .Set("lat_p99_us", Value::Num(r.latency.PercentileUs(0.99)));
+      .Set("lat_p99_us", Value::Num(r.latency.PercentileUs(0.99)))
+      .Set("cpu_us_per_op", Value::Num(r.cpu_us_per_op()));
 }
 
 void AddIoColumns(const IoStats& d, Op op, Record* row) {

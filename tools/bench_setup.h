@@ -60,21 +60,36 @@ absl::StatusOr<std::unique_ptr<Image>> CreateBenchImage(
     const std::string& path, const CreateOptions& opts, bool direct);
 
 // Writes every byte of the image (sequential 1 MiB writes at QD 8, then a
-// flush), so that reads find data and later writes find it allocated.
+// flush), so that reads find data and later writes find it allocated; or,
+// with `len`, only [start, start + len).
 absl::Status FillImage(Image& image, uint8_t byte, Progress& progress,
-                       const std::string& what);
+                       const std::string& what, uint64_t start = 0,
+                       uint64_t len = 0);
 
 // A qcow2 image and a raw file (opened with format=raw) of the same size in
 // the scratch directory, both written in full and left open read-write.
+// The raw target's requests go to [raw_start, raw_start + size).
 struct Targets {
   std::unique_ptr<Image> qcow2;
   std::unique_ptr<Image> raw;
   std::string qcow2_path, raw_path;
+  uint64_t raw_start = 0;
 };
 absl::StatusOr<Targets> MakeFilledTargets(Scratch& scratch, Progress& progress,
                                           const std::string& stem,
                                           uint64_t size, uint32_t cluster,
                                           bool direct);
+// The same on a block device of `device_size` bytes: the qcow2 image is
+// created on the device (from its start), and the raw target is the
+// device itself, opened with format=raw and without image locks (the
+// qcow2 image holds them), its requests in the last `size` bytes.
+// Where the raw range starts on a device of `device_size` bytes, or
+// nullopt when the device has no room for both.
+std::optional<uint64_t> DeviceRawStart(uint64_t device_size, uint64_t size);
+absl::StatusOr<Targets> MakeDeviceTargets(const std::string& device,
+                                          uint64_t device_size,
+                                          Progress& progress, uint64_t size,
+                                          uint32_t cluster, bool direct);
 
 // "engine": "io_uring" or "sync" (what a Queue of `image` uses).
 std::string EngineName(Image& image);

@@ -10,6 +10,7 @@
 #ifndef QCOW2_TOOLS_BENCH_WORKLOADS_H_
 #define QCOW2_TOOLS_BENCH_WORKLOADS_H_
 
+#include <string>
 #include <string_view>
 
 #include "absl/status/status.h"
@@ -25,6 +26,8 @@ struct Env {
   Scratch* scratch;  // null for 'pattern'
   Progress& progress;
   bool direct = true;  // --cache resolved against the workload's default
+  std::string device;        // --device, checked (qd and rmw), or ""
+  uint64_t device_size = 0;  // its size in bytes
 };
 
 // An error in the options that only shows once they are combined (e.g. a

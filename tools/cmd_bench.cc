@@ -13,6 +13,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "tools/bench_options.h"
+#include "tools/bench_device.h"
 #include "tools/bench_workloads.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
@@ -61,6 +62,14 @@ constexpr char kTimedHelp[] =
     "  --count=N            requests per cell instead (with --time too:\n"
     "                       whichever limit comes first)\n"
     "  --plot=FILE.svg      also draw the results as an SVG chart\n";
+
+// The --device options' help, in the usage of the workloads that take them.
+#define QCOW2_BENCH_DEVICE_HELP                                            \
+  "  --device=/dev/X          put the measured images on this block\n"     \
+  "                           device (see below); it must be unused and\n" \
+  "                           hold no file system, partition table or\n"   \
+  "                           image unless --force\n"                      \
+  "  --force                  overwrite what --device holds\n"
 
 struct Workload {
   const char* name;
@@ -120,14 +129,21 @@ const Workload kWorkloads[] = {
     {"qd",
      RunQd,
      "usage: qcowtool bench qd [options]\n\n"
-     "Random reads of a fully written qcow2 image and of a raw file of the\n"
-     "same size (opened with format=raw, same engine), per queue depth.\n\n"
+     "Random reads (and with --modes, writes) of a fully written qcow2\n"
+     "image and of a raw file of the same size (opened with format=raw,\n"
+     "same engine), per queue depth, with the CPU time (user + system, of\n"
+     "the whole process) each request cost.\n\n"
+     "  --modes=LIST             read, write (default read)\n"
      "  --qd=LIST                queue depths (default 1,8,32,128)\n"
-     "  --bs=SIZE                read size (default 4k)\n"
+     "  --bs=SIZE                request size (default 4k)\n"
      "  --image-size=SIZE        default 1G\n"
-     "  --cluster-size=SIZE      default 64k\n",
-     {"--time", "--count", "--plot", "--qd", "--bs", "--image-size",
-      "--cluster-size"},
+     "  --cluster-size=SIZE      default 64k\n"
+     QCOW2_BENCH_DEVICE_HELP "\n"
+     "With --device, the qcow2 image is created on the device and the raw\n"
+     "target is the device's last --image-size bytes (the device needs\n"
+     "room for both).\n",
+     {"--time", "--count", "--plot", "--modes", "--qd", "--bs",
+      "--image-size", "--cluster-size", "--device", "--force"},
      true},
     {"pattern",
      RunPattern,
@@ -182,9 +198,15 @@ const Workload kWorkloads[] = {
      "                           (default 32)\n"
      "  --repeat=N               rounds of the read rows (default 3)\n"
      "  --image-size=SIZE        default 1G\n"
-     "  --cluster-size=SIZE      of every image, 16k or more (default 64k)\n",
+     "  --cluster-size=SIZE      of every image, 16k or more (default 64k)\n"
+     QCOW2_BENCH_DEVICE_HELP "\n"
+     "With --device, the images written are on the device: each fresh\n"
+     "overlay (over the base in the scratch directory) and the allocated\n"
+     "image (a qcow2 image written in full first), and the raw row is the\n"
+     "device itself (no file system, so no fresh or reserved raw file).\n"
+     "The base and the read chain stay in the scratch directory.\n",
      {"--bs", "--qd", "--count", "--time", "--depth", "--repeat",
-      "--image-size", "--cluster-size"},
+      "--image-size", "--cluster-size", "--device", "--force"},
      true},
     {"sweep",
      RunSweep,
@@ -281,6 +303,12 @@ int Run(const BenchOptions& o, const Workload& w) {
     if (!s.ok()) return UsageError(usage, s.status().message());
     scratch = std::move(*s);
   }
+  uint64_t device_size = 0;
+  if (!o.device.empty()) {
+    auto size = CheckBenchDevice(o.device, o.force);
+    if (!size.ok()) return UsageError(usage, size.status().message());
+    device_size = *size;
+  }
   InstallStopHandler();
   Report report;
   report.workload = w.name;
@@ -288,9 +316,16 @@ int Run(const BenchOptions& o, const Workload& w) {
   {
     Progress progress(!o.quiet);
     Env env{o, scratch.get(), progress, o.direct_io.value_or(w.direct_default)};
+    env.device = o.device;
+    env.device_size = device_size;
     status = w.run(env, &report);
   }
   scratch.reset();
+  if (!o.device.empty()) {
+    if (absl::Status s = WipeBenchDevice(o.device); !s.ok() && status.ok()) {
+      status = s;
+    }
+  }
   if (IsOptionError(status)) return UsageError(usage, status.message());
   if (!status.ok()) return ReportError(status);
   return Print(o, report);

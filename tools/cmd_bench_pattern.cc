@@ -167,7 +167,9 @@ absl::Status RunPattern(Env& env, Report* report) {
   env.progress.BeginCell(absl::StrFormat("%u %s requests of %u bytes", p.count,
                                          p.write ? "write" : "read", p.size));
   const IoStats before = (*image)->GetStats();
+  const double cpu0 = ProcessCpuSeconds();
   auto r = RunLoop(**queue, p, image_size, step, env.progress);
+  if (r.ok()) r->cpu_seconds = ProcessCpuSeconds() - cpu0;
   queue->reset();
   if (!r.ok()) return r.status();
   const IoStats delta = (*image)->GetStats().Since(before);
@@ -198,11 +200,13 @@ absl::Status RunPattern(Env& env, Report* report) {
   };
   absl::StrAppendFormat(
       &report->head,
-      "%.0f IOPS, %.2f MB/s, latency p50 %s us, p99 %s us\n"
+      "%.0f IOPS, %.2f MB/s, latency p50 %s us, p99 %s us, CPU %s us per "
+      "request\n"
       "Host I/O (libqcow2 counters): %s bytes read, %s bytes written for %s "
       "guest bytes; write amplification %s, COW read per guest byte %s\n"
       "Engine: %s, cache: %s\n",
       r->iops(), r->mb_per_s(), cell("lat_p50_us", 1), cell("lat_p99_us", 1),
+      cell("cpu_us_per_op", 2),
       cell("host_read_bytes", 0), cell("host_write_bytes", 0),
       cell("guest_bytes", 0), cell("write_amplification", 3),
       cell("cow_read_per_guest_byte", 3), engine,

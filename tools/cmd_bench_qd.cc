@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// qcowtool bench qd: random reads of a fully written qcow2 image and of a
-// raw file of the same size, through the same engine and backend, at
-// several queue depths; the ratio shows what the qcow2 mapping costs.
+// qcowtool bench qd: random reads (and writes) of a fully written qcow2
+// image and of a raw file of the same size, through the same engine and
+// backend, at several queue depths; the ratios of IOPS and of CPU time per
+// request show what the qcow2 mapping costs.
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@ namespace {
 constexpr double kDefaultSeconds = 1.0;
 
 struct Params {
+  std::vector<Op> ops = {Op::kRead};
   std::vector<int> qd = {1, 8, 32, 128};
   uint32_t bs = 4096;
   uint64_t size = 1ull << 30;
@@ -23,6 +25,16 @@ struct Params {
 
 absl::StatusOr<Params> Resolve(const BenchOptions& o) {
   Params p;
+  if (!o.modes.empty()) {
+    p.ops.clear();
+    for (const std::string& m : o.modes) {
+      if (m != "read" && m != "write") {
+        return OptionError(absl::StrCat(
+            "--modes: '", m, "' applies to scaling (qd takes read, write)"));
+      }
+      p.ops.push_back(m == "read" ? Op::kRead : Op::kWrite);
+    }
+  }
   if (!o.qd.empty()) p.qd = o.qd;
   if (o.bs.size() > 1) return OptionError("--bs takes one size for qd");
   if (!o.bs.empty()) p.bs = static_cast<uint32_t>(o.bs[0]);
@@ -35,59 +47,74 @@ absl::StatusOr<Params> Resolve(const BenchOptions& o) {
 }
 
 struct Result {
+  Op op;
   int qd;
   const char* target;
   JobResult r;
   IoStats delta;
 };
 
-absl::StatusOr<Result> Measure(Env& env, const Params& p, Image& image, int qd,
+// Requests go to [start, start + p.size) of `image`.
+absl::StatusOr<Result> Measure(Env& env, const Params& p, Image& image,
+                               uint64_t start, Op op, int qd,
                                const char* target, const std::string& label) {
   env.progress.BeginCell(label);
   JobSpec spec;
-  spec.op = Op::kRead;
+  spec.op = op;
   spec.qd = qd;
   spec.max_len = p.bs;
-  spec.next = RandomRequests(0, p.size, p.bs, env.opts.seed + qd);
+  spec.next = RandomRequests(start, p.size, p.bs, env.opts.seed + qd);
   spec.progress = &env.progress;
   ApplyLimits(env.opts, kDefaultSeconds, &spec);
   const IoStats before = image.GetStats();
   auto r = RunOne(image, std::move(spec));
   if (!r.ok()) return r.status();
   env.progress.EndCell(CellSummary(*r));
-  return Result{qd, target, *r, image.GetStats().Since(before)};
+  return Result{op, qd, target, *r, image.GetStats().Since(before)};
 }
 
 void BuildRows(const std::vector<Result>& results, Report* report) {
-  Panel iops{"Random read IOPS by queue depth", "queue depth", "IOPS"};
+  Panel iops{"Random IOPS by queue depth", "queue depth", "IOPS"};
   Panel lat{"p99 latency by queue depth", "queue depth", "microseconds"};
   Series q_iops{"qcow2", {}}, r_iops{"raw", {}}, q_lat{"qcow2 p99", {}},
       r_lat{"raw p99", {}};
+  const bool both_ops = results.size() >= 2 && results.front().op !=
+                                                   results.back().op;
   for (size_t i = 0; i + 1 < results.size(); i += 2) {
     const Result& q = results[i];
     const Result& raw = results[i + 1];
     const std::optional<double> ratio = Ratio(q.r.iops(), raw.r.iops());
+    const std::optional<double> cpu_ratio =
+        Ratio(q.r.cpu_us_per_op(), raw.r.cpu_us_per_op());
     for (const Result* res : {&q, &raw}) {
       Record row;
-      row.Set("qd", Value::Uint(res->qd))
+      row.Set("op", Value::Str(OpName(res->op)))
+          .Set("qd", Value::Uint(res->qd))
           .Set("target", Value::Str(res->target));
       AddRateColumns(res->r, &row);
-      AddIoColumns(res->delta, Op::kRead, &row);
-      row.Set("ratio_vs_raw", res == &q ? Value::Ratio(ratio) : Value());
+      AddIoColumns(res->delta, res->op, &row);
+      row.Set("ratio_vs_raw", res == &q ? Value::Ratio(ratio) : Value())
+          .Set("cpu_ratio_vs_raw", res == &q ? Value::Ratio(cpu_ratio) : Value());
       report->rows.push_back(std::move(row));
     }
     Record h;
-    h.Set("qd", Value::Uint(q.qd))
+    h.Set("op", Value::Str(OpName(q.op)))
+        .Set("qd", Value::Uint(q.qd))
         .Set("q_iops", Value::Num(q.r.iops()))
         .Set("r_iops", Value::Num(raw.r.iops()))
         .Set("ratio", Value::Ratio(ratio))
+        .Set("q_cpu", Value::Num(q.r.cpu_us_per_op()))
+        .Set("r_cpu", Value::Num(raw.r.cpu_us_per_op()))
+        .Set("cpu_ratio", Value::Ratio(cpu_ratio))
         .Set("q_p50", Value::Num(q.r.latency.PercentileUs(0.5)))
         .Set("r_p50", Value::Num(raw.r.latency.PercentileUs(0.5)))
         .Set("q_p99", Value::Num(q.r.latency.PercentileUs(0.99)))
         .Set("r_p99", Value::Num(raw.r.latency.PercentileUs(0.99)));
     report->human_rows.push_back(std::move(h));
-    iops.categories.push_back(absl::StrCat(q.qd));
-    lat.categories.push_back(absl::StrCat(q.qd));
+    const std::string category =
+        both_ops ? absl::StrCat(OpName(q.op), " ", q.qd) : absl::StrCat(q.qd);
+    iops.categories.push_back(category);
+    lat.categories.push_back(category);
     q_iops.values.push_back(q.r.iops());
     r_iops.values.push_back(raw.r.iops());
     q_lat.values.push_back(q.r.latency.PercentileUs(0.99));
@@ -95,10 +122,14 @@ void BuildRows(const std::vector<Result>& results, Report* report) {
   }
   iops.series = {q_iops, r_iops};
   lat.series = {q_lat, r_lat};
-  report->columns = {{"qd", "qd"},
+  report->columns = {{"op", "op"},
+                     {"qd", "qd"},
                      {"qcow2 IOPS", "q_iops", 0},
                      {"raw IOPS", "r_iops", 0},
                      {"qcow2/raw", "ratio", 3},
+                     {"qcow2 CPU us/op", "q_cpu", 2},
+                     {"raw CPU us/op", "r_cpu", 2},
+                     {"CPU qcow2/raw", "cpu_ratio", 3},
                      {"qcow2 p50 us", "q_p50", 1},
                      {"raw p50 us", "r_p50", 1},
                      {"qcow2 p99 us", "q_p99", 1},
@@ -112,29 +143,47 @@ void BuildRows(const std::vector<Result>& results, Report* report) {
 absl::Status RunQd(Env& env, Report* report) {
   absl::StatusOr<Params> p = Resolve(env.opts);
   if (!p.ok()) return p.status();
-  report->params.Set("qd", Value::UintList(p->qd))
+  std::string modes;
+  for (Op op : p->ops) absl::StrAppend(&modes, modes.empty() ? "" : ",", OpName(op));
+  report->params.Set("modes", Value::Str(modes))
+      .Set("qd", Value::UintList(p->qd))
       .Set("bs", Value::Uint(p->bs))
       .Set("image_size", Value::Uint(p->size))
       .Set("cluster_size", Value::Uint(p->cluster));
   AddLimitParams(env.opts, kDefaultSeconds, &report->params);
 
-  auto targets = MakeFilledTargets(*env.scratch, env.progress, "qd", p->size,
-                                   p->cluster, env.direct);
+  if (!env.device.empty() && !DeviceRawStart(env.device_size, p->size)) {
+    return OptionError(absl::StrCat(
+        "--device ", env.device, " (", FormatSize(env.device_size),
+        ") is too small for a qcow2 image and a raw range of --image-size ",
+        FormatSize(p->size), " each"));
+  }
+  auto targets =
+      env.device.empty()
+          ? MakeFilledTargets(*env.scratch, env.progress, "qd", p->size,
+                              p->cluster, env.direct)
+          : MakeDeviceTargets(env.device, env.device_size, env.progress,
+                              p->size, p->cluster, env.direct);
   if (!targets.ok()) return targets.status();
   AddCommonParams(env.direct, EngineName(*targets->qcow2), &report->params);
+  report->params.Set("device",
+                     env.device.empty() ? Value() : Value::Str(env.device));
 
   std::vector<Result> results;
-  const size_t total = 2 * p->qd.size();
-  for (int qd : p->qd) {
-    for (const char* target : {"qcow2", "raw"}) {
-      Image& image =
-          std::string_view(target) == "raw" ? *targets->raw : *targets->qcow2;
-      const std::string label =
-          absl::StrFormat("[%u/%u] %s %s random read qd%d", results.size() + 1,
-                          total, target, FormatBlockSize(p->bs), qd);
-      auto r = Measure(env, *p, image, qd, target, label);
-      if (!r.ok()) return r.status();
-      results.push_back(std::move(*r));
+  const size_t total = 2 * p->ops.size() * p->qd.size();
+  for (Op op : p->ops) {
+    for (int qd : p->qd) {
+      for (const char* target : {"qcow2", "raw"}) {
+        const bool raw = std::string_view(target) == "raw";
+        Image& image = raw ? *targets->raw : *targets->qcow2;
+        const std::string label = absl::StrFormat(
+            "[%u/%u] %s %s random %s qd%d", results.size() + 1, total, target,
+            FormatBlockSize(p->bs), OpName(op), qd);
+        auto r = Measure(env, *p, image, raw ? targets->raw_start : 0, op, qd,
+                         target, label);
+        if (!r.ok()) return r.status();
+        results.push_back(std::move(*r));
+      }
     }
   }
   for (Image* image : {targets->qcow2.get(), targets->raw.get()}) {

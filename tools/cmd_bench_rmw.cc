@@ -20,7 +20,12 @@
 //     each row is the median round, with the spread.
 // Each fresh-overlay and raw row is compared with the allocated row of its
 // size ("vs base": IOPS ratio), each deep read row with depth 0.
+// With --device, the written images are on the device instead: each fresh
+// overlay (its backing file, the base, stays in the scratch directory),
+// the allocated image (a qcow2 image there, written in full first), and
+// one "raw device" row in place of the two raw files.
 #include <algorithm>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -210,7 +215,11 @@ absl::Status RunRmw(Env& env, Report* report) {
   if (!paths.ok()) return paths.status();
   const std::string& base_path = (*paths)[0];
 
-  const size_t total = p->bs.size() * 4 + 3 + 2 * p->read_rounds;
+  // Per write size: two fresh overlays, the allocated image, two raw files
+  // (on a device: the device).
+  const bool on_device = !env.device.empty();
+  const size_t total =
+      p->bs.size() * (on_device ? 4 : 5) + 3 + 2 * p->read_rounds;
   size_t done = 0;
   auto label = [&](const Cell& c) {
     return absl::StrFormat(
@@ -225,9 +234,12 @@ absl::Status RunRmw(Env& env, Report* report) {
     CreateOptions fresh;
     fresh.cluster_size = p->cluster;
     fresh.extended_l2 = *c.extended_l2;
-    fresh.backing_file = env.scratch->BaseName("base.qcow2");
+    fresh.backing_file =
+        on_device ? std::filesystem::absolute(base_path).string()
+                  : env.scratch->BaseName("base.qcow2");
     fresh.backing_format = "qcow2";
-    const std::string path = env.scratch->Path("fresh.qcow2");
+    const std::string path =
+        on_device ? env.device : env.scratch->Path("fresh.qcow2");
     auto image = CreateBenchImage(path, fresh, env.direct);
     if (!image.ok()) return image.status();
     if (engine.empty()) engine = EngineName(**image);
@@ -235,13 +247,29 @@ absl::Status RunRmw(Env& env, Report* report) {
                              env.opts.seed + report->rows.size(), report);
     if (s.ok()) s = (*image)->Close();
     image->reset();
-    if (s.ok()) s = env.scratch->Remove(path);
+    if (s.ok() && !on_device) s = env.scratch->Remove(path);
     return s;
   };
   // The base is written everywhere: every write lands in its own cluster.
-  // (Its contents change; later cells do not depend on them.)
+  // (Its contents change; later cells do not depend on them.) On a device:
+  // a qcow2 image there, written in full first.
   auto allocated_cell = [&](const Cell& c) -> absl::Status {
-    auto image = OpenBenchImage(base_path, env.direct, true, "qcow2");
+    absl::StatusOr<std::unique_ptr<Image>> image;
+    if (on_device) {
+      CreateOptions full;
+      full.size = p->size;
+      full.cluster_size = p->cluster;
+      image = CreateBenchImage(env.device, full, env.direct);
+      if (image.ok()) {
+        if (absl::Status s = FillImage(**image, 0x5a, env.progress,
+                                       "qcow2 on " + env.device);
+            !s.ok()) {
+          return s;
+        }
+      }
+    } else {
+      image = OpenBenchImage(base_path, env.direct, true, "qcow2");
+    }
     if (!image.ok()) return image.status();
     absl::Status s = Measure(env, **image, *p, c, label(c),
                              env.opts.seed + report->rows.size(), report);
@@ -259,6 +287,17 @@ absl::Status RunRmw(Env& env, Report* report) {
             allocated_cell({"allocated", Op::kWrite, bs, std::nullopt});
         !s.ok()) {
       return s;
+    }
+    if (on_device) {
+      // No file system: the device itself, as raw, is the ceiling.
+      auto image = OpenBenchImage(env.device, env.direct, true, "raw");
+      if (!image.ok()) return image.status();
+      const Cell c{"raw device", Op::kWrite, bs, std::nullopt};
+      absl::Status s = Measure(env, **image, *p, c, label(c),
+                               env.opts.seed + report->rows.size(), report);
+      if (s.ok()) s = (*image)->Close();
+      if (!s.ok()) return s;
+      continue;
     }
     // What the file system charges for writing into blocks it has not
     // written yet, with no qcow2 at all: a fresh sparse raw file, and one
@@ -323,6 +362,8 @@ absl::Status RunRmw(Env& env, Report* report) {
     report->rows.push_back(std::move(row));
   }
   AddCommonParams(env.direct, engine, &report->params);
+  report->params.Set("device",
+                     on_device ? Value::Str(env.device) : Value());
 
   for (Record& row : report->rows) {
     const std::optional<double> base = BaselineIops(report->rows, row);

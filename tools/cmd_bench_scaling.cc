@@ -32,6 +32,14 @@ absl::StatusOr<Params> Resolve(const BenchOptions& o) {
   Params p;
   if (!o.writers.empty()) p.writers = o.writers;
   if (!o.modes.empty()) p.modes = o.modes;
+  for (const std::string& m : p.modes) {
+    if (m == "read" || m == "write") {
+      return OptionError(absl::StrCat("--modes: '", m,
+                                      "' applies to qd (scaling takes "
+                                      "separate, shared, raw-separate, "
+                                      "raw-shared)"));
+    }
+  }
   p.size_per_writer = o.size_per_writer.value_or(p.size_per_writer);
   if (o.bs.size() > 1) return OptionError("--bs takes one size for scaling");
   if (o.qd.size() > 1) return OptionError("--qd takes one value for scaling");

@@ -50,8 +50,8 @@ struct QCOW2_EXPORT IoStats {
   uint64_t host_discard_bytes = 0;
   uint64_t host_flushes = 0;  // fsync/fdatasync calls
   // Host file calls (reads, writes, flushes, size changes, zeroing,
-  // discards; of any File, an embedder's own included) made while the image's metadata
-  // lock was held. Each holds up the planning of every queue's requests
+  // discards, SEEK_DATA lookups; of any File, an embedder's own included)
+  // made while the image's metadata lock was held. Each holds up the planning of every queue's requests
   // for its length. What is left of them: metadata misses no probe
   // foresaw, a read's write-outs past its budget, table growth outside a
   // write, and some whole-cluster operations (see docs/architecture.md).

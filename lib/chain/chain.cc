@@ -96,7 +96,8 @@ absl::StatusOr<std::unique_ptr<Layer>> OpenLayer(std::unique_ptr<File> file,
     if (format.empty() && opts.read_write) {
       file = GuardProbedRaw(std::move(file));
     }
-    ASSIGN_OR_RETURN(auto layer, RawLayer::Open(std::move(file)));
+    ASSIGN_OR_RETURN(auto layer,
+                     RawLayer::Open(std::move(file), !opts.read_write));
     return std::unique_ptr<Layer>(std::move(layer));
   }
   return absl::UnimplementedError(absl::StrCat(
@@ -263,7 +264,8 @@ absl::StatusOr<BackingMap::Piece> Chain::BackingPieceAt(
           piece.extent.kind = Extent::kZero;
           piece.extent.length = span.end - pos;
         } else {
-          ASSIGN_OR_RETURN(piece.extent, layers_[d]->Map(pos, span.end - pos));
+          ASSIGN_OR_RETURN(piece.extent,
+                           layers_[d]->MapStatus(pos, span.end - pos));
           piece.depth = d;
         }
         piece.length = piece.extent.length;
@@ -360,7 +362,7 @@ absl::StatusOr<bool> Chain::ReadsAsZero(int depth, uint64_t offset,
   while (pos < len) {
     const uint64_t cur = offset + pos;
     if (depth >= length() || cur >= layers_[depth]->size()) return true;
-    ASSIGN_OR_RETURN(Extent e, layers_[depth]->Map(cur, len - pos));
+    ASSIGN_OR_RETURN(Extent e, layers_[depth]->MapStatus(cur, len - pos));
     if (e.kind == Extent::kUnallocated) {
       ASSIGN_OR_RETURN(bool zero, ReadsAsZero(depth + 1, cur, e.length));
       if (!zero) return false;
@@ -385,7 +387,7 @@ absl::StatusOr<BlockStatus> Chain::BlockStatusAt(uint64_t offset,
   for (int d = 0;; ++d) {
     Layer* layer = layers_[d].get();
     bs.depth = d;
-    ASSIGN_OR_RETURN(Extent e, layer->Map(offset, len));
+    ASSIGN_OR_RETURN(Extent e, layer->MapStatus(offset, len));
     len = e.length;
     switch (e.kind) {
       case Extent::kUnallocated: {

@@ -184,8 +184,10 @@ int QueueImpl::Poll(int min_complete) {
   while (true) {
     DrainWoken();
     if (ring_ok_) {
+      // What the ring holds already, without a system call. New requests
+      // reach the kernel below: with the wait, in one io_uring_enter, or
+      // before returning. (At queue depth 1, one call per request.)
       SubmitBacklog();
-      io_uring_submit(&ring_);
       while (ReapOne(false)) {
       }
     }
@@ -207,11 +209,8 @@ int QueueImpl::Poll(int min_complete) {
       if (!woken_.empty()) continue;
     }
     if (ring_ok_) {
-      if (!event_armed_) {
-        ArmEventFd();
-        io_uring_submit(&ring_);
-      }
-      ReapOne(true);
+      if (!event_armed_) ArmEventFd();
+      ReapOne(true);  // submits what is queued, then waits: one call
     } else {
       pollfd pfd{event_fd_, POLLIN, 0};
       ::poll(&pfd, 1, -1);

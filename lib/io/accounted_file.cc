@@ -84,9 +84,10 @@ absl::Status AccountedFile::Discard(uint64_t offset, uint64_t len) {
 
 absl::StatusOr<bool> AccountedFile::DataRun(uint64_t offset, uint64_t max_len,
                                             uint64_t* len) {
-  // Not counted, as before the accounting moved here: a raw layer asks
-  // this (SEEK_DATA/SEEK_HOLE) on every Map, under the lock. Counting it
-  // is part of mapping raw layers without a syscall per read.
+  // Two lseek calls. A raw layer asks only for block status and for the
+  // copy-on-write decision whether the layers below read as zeros, and
+  // caches a backing file's answers; those made under the lock count.
+  NoteHostCall();
   return base_->DataRun(offset, max_len, len);
 }
 

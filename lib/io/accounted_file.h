@@ -24,14 +24,12 @@
 namespace qcow2::internal {
 
 // Forwards every File method to the file it owns, calling NoteHostCall()
-// once before each call that moves or changes bytes: reads, writes,
-// flushes, size changes, reservations, zeroing and discards (the calls
-// IoStats::host_calls_under_lock documents). Size() and DataRun() are
-// forwarded uncounted: they only ask about the file's shape (fstat,
-// lseek), as the library's own files never counted them, and a raw
-// backing file's DataRun is asked while requests are planned. name() and
-// alignment() never reach the store. Thread-safe as far as the file
-// beneath is.
+// once before each call that moves or changes bytes, or asks where data is:
+// reads, writes, flushes, size changes, reservations, zeroing, discards and
+// DataRun (SEEK_DATA; the calls IoStats::host_calls_under_lock documents).
+// Size() is forwarded uncounted (one fstat, asked when a layer opens and
+// when its file grows, not per request). name() and alignment() never reach the store.
+// Thread-safe as far as the file beneath is.
 class AccountedFile final : public File {
  public:
   explicit AccountedFile(std::unique_ptr<File> base);

@@ -10,7 +10,9 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/container/btree_map.h"
 #include "absl/types/span.h"
+#include "lib/base/mutex.h"
 #include "qcow2/file.h"
 #include "qcow2/image.h"
 
@@ -41,9 +43,19 @@ class Layer {
   virtual File* file() = 0;
   virtual const std::string& filename() const = 0;
 
-  // Status of the run starting at `offset`, at most `max_len` bytes.
+  // Where to read the run starting at `offset`, at most `max_len` bytes:
+  // what a read plans with, on every request, so it must not cost a
+  // syscall. A raw layer answers kData for all of its file (a hole reads
+  // as zeros anyway).
   // REQUIRES: offset < size(), max_len > 0.
   virtual absl::StatusOr<Extent> Map(uint64_t offset, uint64_t max_len) = 0;
+
+  // Like Map, but what is stored there: a raw layer tells holes (kZero)
+  // from data. For block status, `map`, and the copy-on-write decision
+  // whether the layers below read as zeros. Default: Map.
+  virtual absl::StatusOr<Extent> MapStatus(uint64_t offset, uint64_t max_len) {
+    return Map(offset, max_len);
+  }
 
   // Reads bytes of an extent Map() returned: `offset` is the guest offset,
   // inside the extent that started at `extent_start`.
@@ -69,24 +81,45 @@ class Layer {
 // Raw image: the file is the disk.
 class RawLayer : public Layer {
  public:
+  // `read_only`: nothing writes the file while it is open (a backing
+  // layer), so what SEEK_DATA said of a range stays true and is cached.
   static absl::StatusOr<std::unique_ptr<RawLayer>> Open(
-      std::unique_ptr<File> file);
+      std::unique_ptr<File> file, bool read_only = false);
 
   uint64_t size() const override { return size_; }
   File* file() override { return file_.get(); }
   const std::string& filename() const override { return file_->name(); }
   absl::StatusOr<Extent> Map(uint64_t offset, uint64_t max_len) override;
+  absl::StatusOr<Extent> MapStatus(uint64_t offset, uint64_t max_len) override;
   LayerInfo Info() const override;
   absl::Status Flush() override { return file_->Flush(); }
 
+  // How many times MapStatus asked the file (tests).
+  uint64_t status_queries() const { return status_queries_; }
+
  private:
-  RawLayer(std::unique_ptr<File> file, uint64_t file_size)
+  RawLayer(std::unique_ptr<File> file, uint64_t file_size, bool read_only)
       : file_(std::move(file)),
         file_size_(file_size),
-        size_((file_size + 511) & ~uint64_t{511}) {}
+        size_((file_size + 511) & ~uint64_t{511}),
+        cache_status_(read_only) {}
+  // The zeros that round the size up to a sector.
+  Extent Tail(uint64_t offset, uint64_t max_len) const;
+
+  // A run of the file that is all data or all hole, as the file said.
+  struct Run {
+    uint64_t end;
+    bool data;
+  };
+  static constexpr size_t kMaxCachedRuns = 4096;
+
   std::unique_ptr<File> file_;
   uint64_t file_size_;
   uint64_t size_;  // rounded up to 512 bytes, as QEMU presents raw files
+  const bool cache_status_;
+  Mutex mu_;
+  absl::btree_map<uint64_t, Run> runs_ ABSL_GUARDED_BY(mu_);  // by start
+  uint64_t status_queries_ = 0;
 };
 
 }  // namespace qcow2::internal

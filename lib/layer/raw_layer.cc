@@ -22,28 +22,65 @@ absl::Status Layer::ReadExtent(const Extent& e, uint64_t extent_start,
 }
 
 absl::StatusOr<std::unique_ptr<RawLayer>> RawLayer::Open(
-    std::unique_ptr<File> file) {
+    std::unique_ptr<File> file, bool read_only) {
   ASSIGN_OR_RETURN(uint64_t size, file->Size());
-  return std::unique_ptr<RawLayer>(new RawLayer(std::move(file), size));
+  return std::unique_ptr<RawLayer>(
+      new RawLayer(std::move(file), size, read_only));
+}
+
+Extent RawLayer::Tail(uint64_t offset, uint64_t max_len) const {
+  Extent e;
+  e.host_offset = offset;
+  e.kind = Extent::kZero;
+  e.has_host_cluster = true;
+  e.length = std::min(max_len, size_ - offset);
+  return e;
 }
 
 absl::StatusOr<Extent> RawLayer::Map(uint64_t offset, uint64_t max_len) {
+  if (offset >= file_size_) return Tail(offset, max_len);
+  // Data, holes included: they read as zeros, and asking the file which is
+  // which costs two lseek calls (and on tmpfs a walk of its pages).
+  Extent e;
+  e.kind = Extent::kData;
+  e.host_offset = offset;
+  e.length = std::min(max_len, file_size_ - offset);
+  return e;
+}
+
+absl::StatusOr<Extent> RawLayer::MapStatus(uint64_t offset,
+                                           uint64_t max_len) {
+  if (offset >= file_size_) return Tail(offset, max_len);
+  const uint64_t limit = std::min(max_len, file_size_ - offset);
   Extent e;
   e.host_offset = offset;
-  if (offset < file_size_) {
-    uint64_t run = 0;
-    ASSIGN_OR_RETURN(bool data, file_->DataRun(
-                                    offset, std::min(max_len, file_size_ - offset),
-                                    &run));
-    e.kind = data ? Extent::kData : Extent::kZero;
-    e.has_host_cluster = !data;
-    e.length = std::max<uint64_t>(run, 1);
-  } else {
-    // The tail that rounds the size up to a sector: zeros.
-    e.kind = Extent::kZero;
-    e.has_host_cluster = true;
-    e.length = std::min(max_len, size_ - offset);
+  MutexLock lock(&mu_);
+  if (cache_status_) {
+    auto it = runs_.upper_bound(offset);
+    if (it != runs_.begin()) {
+      --it;
+      if (offset < it->second.end) {
+        e.kind = it->second.data ? Extent::kData : Extent::kZero;
+        e.has_host_cluster = !it->second.data;
+        e.length = std::min(limit, it->second.end - offset);
+        return e;
+      }
+    }
   }
+  // The whole run from `offset`, not only `max_len` of it, so that the
+  // cache answers the requests that follow.
+  uint64_t run = 0;
+  ++status_queries_;
+  ASSIGN_OR_RETURN(bool data,
+                   file_->DataRun(offset, file_size_ - offset, &run));
+  run = std::max<uint64_t>(run, 1);
+  if (cache_status_) {
+    if (runs_.size() >= kMaxCachedRuns) runs_.clear();
+    runs_[offset] = Run{offset + run, data};
+  }
+  e.kind = data ? Extent::kData : Extent::kZero;
+  e.has_host_cluster = !data;
+  e.length = std::min(limit, run);
   return e;
 }
 

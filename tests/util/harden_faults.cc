@@ -5,17 +5,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "lib/io/posix_file.h"
+#include "testing/forwarding_file.h"
 
 namespace qcow2::testing {
 namespace {
 
 // Counts (and may fail) reads; everything else goes straight to the
 // FaultFile, whose own operations the disk hook counts.
-class ReadCountingFile : public File {
+class ReadCountingFile : public ForwardingFile {
  public:
   ReadCountingFile(std::unique_ptr<File> inner, FaultPlan* plan,
                    std::string path)
-      : inner_(std::move(inner)), plan_(plan), path_(std::move(path)) {}
+      : ForwardingFile(std::move(inner)), plan_(plan), path_(std::move(path)) {}
 
   absl::Status ReadAt(uint64_t offset, absl::Span<uint8_t> buf) override {
     if (plan_->enabled && plan_->count_reads) {
@@ -26,41 +27,25 @@ class ReadCountingFile : public File {
         plan_->failed_kind = "read";
         plan_->failed_file = path_;
         return internal::ErrnoError(plan_->err, "read (injected fault) of",
-                                    inner_->name());
+                                    name());
       }
     }
-    return inner_->ReadAt(offset, buf);
+    return ForwardingFile::ReadAt(offset, buf);
   }
-  absl::Status WriteAt(uint64_t offset,
-                       absl::Span<const uint8_t> data) override {
-    return inner_->WriteAt(offset, data);
+  // Vectored reads segment by segment through ReadAt, so each is counted;
+  // growth by File's defaults (Extend truncates, no Reserve), as the
+  // FaultFile beneath expects.
+  absl::Status ReadvAt(uint64_t offset, absl::Span<const iovec> iov) override {
+    return File::ReadvAt(offset, iov);
   }
-  absl::Status WritevAt(uint64_t offset, absl::Span<const iovec> iov) override {
-    return inner_->WritevAt(offset, iov);
+  absl::Status Extend(uint64_t old_size, uint64_t new_size) override {
+    return File::Extend(old_size, new_size);
   }
-  absl::Status Flush() override { return inner_->Flush(); }
-  absl::StatusOr<uint64_t> Size() override { return inner_->Size(); }
-  absl::Status Truncate(uint64_t size) override {
-    return inner_->Truncate(size);
+  absl::Status Reserve(uint64_t offset, uint64_t len) override {
+    return File::Reserve(offset, len);
   }
-  absl::Status Allocate(uint64_t offset, uint64_t len) override {
-    return inner_->Allocate(offset, len);
-  }
-  absl::Status WriteZeroes(uint64_t offset, uint64_t len) override {
-    return inner_->WriteZeroes(offset, len);
-  }
-  absl::Status Discard(uint64_t offset, uint64_t len) override {
-    return inner_->Discard(offset, len);
-  }
-  absl::StatusOr<bool> DataRun(uint64_t offset, uint64_t max_len,
-                               uint64_t* len) override {
-    return inner_->DataRun(offset, max_len, len);
-  }
-  const std::string& name() const override { return inner_->name(); }
-  uint32_t alignment() const override { return inner_->alignment(); }
 
  private:
-  std::unique_ptr<File> inner_;
   FaultPlan* plan_;
   std::string path_;
 };
