@@ -405,7 +405,10 @@ absl::Status WritePlanner::ProbeChange(uint64_t offset, uint64_t len,
   MissDeferral* d = MissDeferral::Active();
   if (d == nullptr || len == 0) return absl::OkStatus();
   const Geometry& g = s_->geometry();
-  const uint64_t mask = g.cluster_size - 1;
+  // Partial: padding to read from below. With extended L2 entries only a
+  // subcluster the write covers in part is padded (PlanSubclusters), so a
+  // write of whole subclusters asks nothing of the backing chain.
+  const uint64_t mask = g.subcluster_size - 1;
   const uint64_t first = offset >> g.cluster_bits;
   const uint64_t last = (offset + len - 1) >> g.cluster_bits;
   ProbeProgress local;

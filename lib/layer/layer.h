@@ -82,7 +82,8 @@ class Layer {
 class RawLayer : public Layer {
  public:
   // `read_only`: nothing writes the file while it is open (a backing
-  // layer), so what SEEK_DATA said of a range stays true and is cached.
+  // layer), so what SEEK_DATA said of a range stays true: it is asked at
+  // open, for the whole file (up to kMaxCachedRuns runs), and cached.
   static absl::StatusOr<std::unique_ptr<RawLayer>> Open(
       std::unique_ptr<File> file, bool read_only = false);
 
@@ -94,9 +95,6 @@ class RawLayer : public Layer {
   LayerInfo Info() const override;
   absl::Status Flush() override { return file_->Flush(); }
 
-  // How many times MapStatus asked the file (tests).
-  uint64_t status_queries() const { return status_queries_; }
-
  private:
   RawLayer(std::unique_ptr<File> file, uint64_t file_size, bool read_only)
       : file_(std::move(file)),
@@ -105,6 +103,8 @@ class RawLayer : public Layer {
         cache_status_(read_only) {}
   // The zeros that round the size up to a sector.
   Extent Tail(uint64_t offset, uint64_t max_len) const;
+  // Fills the cache of runs from the start of the file (at open).
+  void PrimeStatus();
 
   // A run of the file that is all data or all hole, as the file said.
   struct Run {
@@ -119,7 +119,6 @@ class RawLayer : public Layer {
   const bool cache_status_;
   Mutex mu_;
   absl::btree_map<uint64_t, Run> runs_ ABSL_GUARDED_BY(mu_);  // by start
-  uint64_t status_queries_ = 0;
 };
 
 }  // namespace qcow2::internal

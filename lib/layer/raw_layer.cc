@@ -24,8 +24,26 @@ absl::Status Layer::ReadExtent(const Extent& e, uint64_t extent_start,
 absl::StatusOr<std::unique_ptr<RawLayer>> RawLayer::Open(
     std::unique_ptr<File> file, bool read_only) {
   ASSIGN_OR_RETURN(uint64_t size, file->Size());
-  return std::unique_ptr<RawLayer>(
+  std::unique_ptr<RawLayer> layer(
       new RawLayer(std::move(file), size, read_only));
+  if (read_only) layer->PrimeStatus();
+  return layer;
+}
+
+void RawLayer::PrimeStatus() {
+  // Learnt here, with no lock held, rather than by a copy-on-write
+  // decision under the engine's lock later: most raw files are one run of
+  // data, or a few. A file of more runs than the cache holds is learnt in
+  // part; the rest is asked for when needed.
+  MutexLock lock(&mu_);
+  for (uint64_t pos = 0; pos < file_size_ && runs_.size() < kMaxCachedRuns;) {
+    uint64_t run = 0;
+    absl::StatusOr<bool> data = file_->DataRun(pos, file_size_ - pos, &run);
+    if (!data.ok()) return;  // asked again when needed, and reported then
+    run = std::max<uint64_t>(run, 1);
+    runs_[pos] = Run{pos + run, *data};
+    pos += run;
+  }
 }
 
 Extent RawLayer::Tail(uint64_t offset, uint64_t max_len) const {
@@ -70,7 +88,6 @@ absl::StatusOr<Extent> RawLayer::MapStatus(uint64_t offset,
   // The whole run from `offset`, not only `max_len` of it, so that the
   // cache answers the requests that follow.
   uint64_t run = 0;
-  ++status_queries_;
   ASSIGN_OR_RETURN(bool data,
                    file_->DataRun(offset, file_size_ - offset, &run));
   run = std::max<uint64_t>(run, 1);
