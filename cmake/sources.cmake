@@ -80,6 +80,7 @@ set(QCOWTOOL_SOURCES
   ${PROJECT_SOURCE_DIR}/tools/cmd_map.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_serve.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_snapshot.cc
+  ${PROJECT_SOURCE_DIR}/tools/create_options.cc
   ${PROJECT_SOURCE_DIR}/tools/host_probe.cc
   ${PROJECT_SOURCE_DIR}/tools/image_info.cc
   ${PROJECT_SOURCE_DIR}/tools/json_writer.cc
