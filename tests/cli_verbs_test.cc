@@ -403,6 +403,12 @@ std::vector<MeasureCase> MeasureCases() {
   cases.push_back({"TooLarge", "",
                    {"-O", "qcow2", "-o", "cluster_size=512", "--size=1P"}});
   cases.push_back({"NoInput", "", {"-O", "qcow2"}});
+  cases.push_back({"OptionHelpRefused", "",
+                   {"-O", "qcow2", "-o", "help", "--size=1G"}});
+  cases.push_back({"UnknownOption", "",
+                   {"-O", "qcow2", "-o", "foo=bar", "--size=1G"}});
+  cases.push_back({"RawOptionForQcow2Only", "",
+                   {"-o", "cluster_size=4k", "--size=1G"}});
   cases.push_back({"SizeAndFile", sources, {"--size=1M", "@data.qcow2"}});
   cases.push_back({"TwoFiles", sources, {"@data.qcow2", "@v2.qcow2"}});
   cases.push_back({"V2Refcount8",

@@ -42,7 +42,8 @@ constexpr char kUsage[] =
     "  -O FMT      format of the new image: raw (default) or qcow2\n"
     "  -o OPTIONS  its creation options, as for create: cluster_size,\n"
     "              compat, extended_l2, refcount_bits, preallocation,\n"
-    "              backing_file count; '-o help' lists them\n"
+    "              backing_file count ('qcowtool create -o help' lists\n"
+    "              them)\n"
     "  -f FMT      format of FILENAME: qcow2 or raw (default: probe)\n"
     "  --size N    the virtual size (k, M, G, T, P, E suffixes)\n"
     "  -l SNAPSHOT is not supported yet (internal snapshots)\n";
@@ -146,9 +147,7 @@ int BuildTarget(const MeasureArgs& args, MeasureTarget* t) {
   }
   t->format =
       args.out_format == "raw" ? ImageFormat::kRaw : ImageFormat::kQcow2;
-  for (const std::string& list : args.option_lists) {
-    if (IsHelpList(list)) return PrintHelp(OptionHelp(t->format));
-  }
+  // "-o help" is no listing here: qemu-img measure refuses it too.
   std::map<std::string, std::string> values;
   if (auto s = ParseOptionLists(args.option_lists, t->format, &values);
       !s.ok()) {

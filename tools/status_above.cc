@@ -42,6 +42,9 @@ unsigned StatusAbove::Flags(const MapEntry& e) const {
 
 absl::StatusOr<StatusRange> StatusAbove::Get(uint64_t offset) {
   const uint64_t size = image_->size();
+  if (offset >= last_start_ && offset < last_end_) {
+    return StatusRange{last_end_ - offset, last_flags_};
+  }
   absl::StatusOr<MapEntry> first = walker_.Get(offset, size - offset);
   if (!first.ok()) return first.status();
   // libqcow2 may stop a range early (at an L2 cache slice); QEMU goes on
@@ -59,10 +62,10 @@ absl::StatusOr<StatusRange> StatusAbove::Get(uint64_t offset) {
     end += next->length;
   }
   end = std::min(end, limit);
-  StatusRange r;
-  r.length = end - offset;
-  r.flags = flags | (end == size ? kStatusEof : 0);
-  return r;
+  last_start_ = offset;
+  last_end_ = end;
+  last_flags_ = flags | (end == size ? kStatusEof : 0);
+  return StatusRange{end - offset, last_flags_};
 }
 
 }  // namespace qcow2::tool

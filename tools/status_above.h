@@ -52,6 +52,11 @@ class StatusAbove {
   Image* image_;
   std::vector<LayerInfo> infos_;
   MapWalker walker_;
+  // The last range found: a later offset inside it has the same status to
+  // the same end (as QEMU would find it again), without a new walk.
+  uint64_t last_start_ = 0;
+  uint64_t last_end_ = 0;
+  unsigned last_flags_ = 0;
 };
 
 }  // namespace qcow2::tool
