@@ -30,6 +30,7 @@ set(QCOW2_LIB_SOURCES
   ${PROJECT_SOURCE_DIR}/lib/driver/qcow2_layer.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/write_planner.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/write_planner_alloc.cc
+  ${PROJECT_SOURCE_DIR}/lib/driver/write_planner_grow.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/zeroer.cc
   ${PROJECT_SOURCE_DIR}/lib/engine/engine.cc
   ${PROJECT_SOURCE_DIR}/lib/engine/engine_fill.cc

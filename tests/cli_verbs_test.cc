@@ -5,6 +5,7 @@
 // requires the same exit status and the same standard output. Resized
 // images must also pass `qemu-img check`, have the same virtual size as
 // qemu-img's result, and `qemu-img compare` identical to it.
+#include <cstdint>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -438,7 +439,26 @@ struct ResizeCase {
   std::string setup;              // makes "img"
   std::vector<std::string> args;  // after "resize", before the image name
   std::string size;
+  // Same block status range by range (compare -s). Preallocated qcow2
+  // grows lay the host clusters out differently from QEMU, which splits
+  // ranges elsewhere: those compare the bytes each maps as data instead.
+  bool strict = true;
 };
+
+// Bytes `qemu-img map` shows present and as data in `image`.
+uint64_t MappedDataBytes(const std::string& image) {
+  CommandResult r = testing::Run(
+      {"qemu-img", "map", "--output=json", image});
+  auto j = json::Parse(r.out);
+  if (r.exit_code != 0 || !j.ok()) return UINT64_MAX;
+  uint64_t total = 0;
+  for (const json::Value& e : j->array()) {
+    if (e["present"].as_bool() && e["data"].as_bool()) {
+      total += e["length"].as_uint64();
+    }
+  }
+  return total;
+}
 
 void PrintTo(const ResizeCase& c, std::ostream* os) { *os << c.name; }
 
@@ -486,9 +506,15 @@ TEST_P(ResizeTest, SameResultAsQemuImg) {
     CommandResult check = QemuCheck(dir.File("o.img"));
     EXPECT_EQ(check.exit_code, 0) << Describe(check);
   }
-  CommandResult cmp = testing::Run({"qemu-img", "compare", "-s", dir.File("q.img"),
-                           dir.File("o.img")});
+  std::vector<std::string> cmp_args = {"qemu-img", "compare"};
+  if (c.strict) cmp_args.push_back("-s");
+  cmp_args.insert(cmp_args.end(), {dir.File("q.img"), dir.File("o.img")});
+  CommandResult cmp = testing::Run(cmp_args);
   EXPECT_EQ(cmp.exit_code, 0) << Describe(cmp);
+  if (!c.strict) {
+    EXPECT_EQ(MappedDataBytes(dir.File("o.img")),
+              MappedDataBytes(dir.File("q.img")));
+  }
 }
 
 std::vector<ResizeCase> ResizeCases() {
@@ -531,6 +557,28 @@ std::vector<ResizeCase> ResizeCases() {
        "qemu-io -c 'write -P 1 0 4k' img",
        {},
        "+1M"},
+      {"MetadataPrealloc", qcow2, {"--preallocation=metadata"}, "+5M"},
+      {"MetadataPreallocUnalignedStart",
+       "qemu-img create -q -f qcow2 img 1000000; "
+       "qemu-io -c 'write -P 1 0 64k' -c 'write -z 128k 64k' img",
+       {"--preallocation=metadata"},
+       "1G",
+       false},
+      {"MetadataPreallocFar", qcow2, {"--preallocation=metadata"}, "2G"},
+      {"FallocPrealloc", qcow2, {"--preallocation=falloc"}, "+5M", false},
+      {"FullPrealloc", qcow2, {"--preallocation=full"}, "+3M", false},
+      {"FullPreallocUnaligned",
+       "qemu-img create -q -f qcow2 -o cluster_size=4k img 1000000; "
+       "qemu-io -c 'write -P 1 0 5000' img",
+       {"--preallocation=full"},
+       "+1M",
+       false},
+      {"MetadataPreallocExtL2",
+       "qemu-img create -q -f qcow2 -o extended_l2=on img 1M; "
+       "qemu-io -c 'write -P 1 4k 8k' img",
+       {"--preallocation=metadata"},
+       "+3M",
+       false},
       {"ShrinkRefused", qcow2, {}, "1M"},
       {"ShrinkRelativeRefused", qcow2, {}, "-1M"},
       {"ZeroRefused", qcow2, {}, "-3M"},
@@ -562,20 +610,24 @@ INSTANTIATE_TEST_SUITE_P(Cases, ResizeTest,
                          [](const auto& info) { return info.param.name; });
 
 // What qcowtool does not do yet, refused without touching the image.
-TEST(ResizeLimitsTest, Qcow2ShrinkAndPreallocationRefused) {
+TEST(ResizeLimitsTest, Qcow2ShrinkAndPreallocationOverBackingRefused) {
   SKIP_WITHOUT_QEMU();
   TempDir dir;
   ASSERT_NO_FATAL_FAILURE(MakeImages(
       dir, "qemu-img create -q -f qcow2 img 3M; "
            "qemu-io -c 'write -P 1 0 3M' img; cp img orig"));
-  for (const auto& args : std::vector<std::vector<std::string>>{
-           {"--shrink", dir.File("img"), "1M"},
-           {"--preallocation=metadata", dir.File("img"), "+1M"},
-           {"--preallocation=full", dir.File("img"), "+1M"}}) {
-    CommandResult r = Ours("resize", args);
-    EXPECT_EQ(r.exit_code, 1) << Describe(r);
-    EXPECT_NE(r.err.find("not supported yet"), std::string::npos) << r.err;
-  }
+  CommandResult r = Ours("resize", {"--shrink", dir.File("img"), "1M"});
+  EXPECT_EQ(r.exit_code, 1) << Describe(r);
+  EXPECT_NE(r.err.find("not supported yet"), std::string::npos) << r.err;
+  ASSERT_NO_FATAL_FAILURE(MakeImages(
+      dir, "qemu-img create -q -f qcow2 base 1M; "
+           "qemu-img create -q -f qcow2 -b base -F qcow2 top; cp top top0"));
+  r = Ours("resize", {"--preallocation=metadata", dir.File("top"), "+1M"});
+  EXPECT_EQ(r.exit_code, 1) << Describe(r);
+  EXPECT_NE(r.err.find("backing file is not supported"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(testing::Run({"cmp", dir.File("top"), dir.File("top0")}).exit_code,
+            0);
   EXPECT_EQ(testing::Run({"cmp", dir.File("img"), dir.File("orig")}).exit_code, 0);
 }
 

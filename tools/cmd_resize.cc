@@ -2,9 +2,10 @@
 // qcowtool resize: changes the virtual size of an image, with qemu-img
 // resize's syntax, checks, messages and exit status (1 on any error).
 //
-// qcow2 images grow through libqcow2 (Image::Resize); raw files are
-// truncated or extended in place, with --preallocation=falloc|full
-// allocating the new part as QEMU's file driver does.
+// qcow2 images grow through libqcow2 (Image::Resize, with the
+// preallocation mode); raw files are truncated or extended in place, with
+// --preallocation=falloc|full allocating the new part as QEMU's file
+// driver does. Shrinking qcow2 images is not supported yet.
 #include <fcntl.h>
 #include <getopt.h>
 #include <unistd.h>
@@ -34,9 +35,10 @@ constexpr char kUsage[] =
     "\n"
     "  -f FMT      format of IMAGE: qcow2 or raw (default: probe)\n"
     "  --preallocation=MODE\n"
-    "              off (default), or for raw images falloc (allocate the\n"
-    "              new part) or full (write zeros over it); growing only.\n"
-    "              qcow2 images take only off\n"
+    "              off (default); metadata (qcow2: data clusters for the\n"
+    "              new part), falloc (also allocate their space; raw: the\n"
+    "              new part), full (also write zeros); growing only. Not\n"
+    "              over a backing file\n"
     "  --shrink    allow making the image smaller: the data past the new\n"
     "              end is lost. Raw images only; shrinking qcow2 images is\n"
     "              not supported yet\n"
@@ -170,6 +172,20 @@ absl::Status ResizeRaw(const std::string& name, uint64_t old_size,
   return s;
 }
 
+Preallocation ToPreallocation(Prealloc p) {
+  switch (p) {
+    case Prealloc::kMetadata:
+      return Preallocation::kMetadata;
+    case Prealloc::kFalloc:
+      return Preallocation::kFalloc;
+    case Prealloc::kFull:
+      return Preallocation::kFull;
+    case Prealloc::kOff:
+      break;
+  }
+  return Preallocation::kOff;
+}
+
 // qemu-img's checks on a qcow2 image, then the library's grow.
 absl::Status ResizeQcow2(Image& image, const LayerInfo& top,
                          uint64_t new_size, Prealloc prealloc) {
@@ -184,12 +200,10 @@ absl::Status ResizeQcow2(Image& image, const LayerInfo& top,
     return absl::UnimplementedError(absl::StrCat(
         top.filename, ": shrinking qcow2 images is not supported yet"));
   }
-  if (prealloc != Prealloc::kOff) {
-    return absl::UnimplementedError(absl::StrCat(
-        top.filename, ": preallocation when growing qcow2 images is not "
-                      "supported yet (only off)"));
+  if (absl::Status s = image.Resize(new_size, ToPreallocation(prealloc));
+      !s.ok()) {
+    return s;
   }
-  if (absl::Status s = image.Resize(new_size); !s.ok()) return s;
   return image.Close();
 }
 

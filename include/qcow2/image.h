@@ -132,6 +132,16 @@ class QCOW2_EXPORT Image {
   // Shrinking fails with kUnimplemented. REQUIRES: writable().
   absl::Status Resize(uint64_t new_size);
 
+  // Grows as above, then preallocates the new range as `qemu-img resize
+  // --preallocation` does: kMetadata gives every cluster of it a data
+  // cluster (reading as zeros), kFalloc also reserves their host space,
+  // kFull also writes the zeros; kOff is Resize(new_size). Errors:
+  // kInvalidArgument unless the disk grows; kUnimplemented for raw images
+  // and images with a backing file. A power cut part way leaves the image
+  // grown, with part of the range preallocated at most.
+  // REQUIRES: writable(); no requests in flight (as Resize).
+  absl::Status Resize(uint64_t new_size, Preallocation prealloc);
+
   // Makes every write completed before the call durable, metadata included.
   absl::Status Flush();
 

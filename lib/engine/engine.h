@@ -99,6 +99,9 @@ class Engine {
                                              uint64_t max_len)
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Resize(uint64_t new_size) ABSL_LOCKS_EXCLUDED(mu_);
+  // Grows, then preallocates the new range (Image::Resize with a mode).
+  absl::Status ResizePreallocated(uint64_t new_size, Preallocation prealloc)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Close() ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CreateOverlay(const std::string& path,
                              const CreateOptions& opts)

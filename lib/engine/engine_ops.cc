@@ -4,6 +4,8 @@
 #include <optional>
 #include <utility>
 
+#include "lib/base/status_macros.h"
+#include "lib/driver/qcow2_layer.h"
 #include "lib/engine/engine.h"
 #include "lib/meta/eviction_scope.h"
 #include "lib/meta/metadata_cache.h"
@@ -88,6 +90,31 @@ absl::Status Engine::Resize(uint64_t new_size) {
   CountedCall counted(&stats_);
   EngineLock lock(&mu_);
   return chain_->Resize(new_size);
+}
+
+absl::Status Engine::ResizePreallocated(uint64_t new_size,
+                                       Preallocation prealloc) {
+  CountedCall counted(&stats_);
+  EngineLock lock(&mu_);
+  if (prealloc == Preallocation::kOff) return chain_->Resize(new_size);
+  const uint64_t old_size = chain_->size();
+  Qcow2Layer* top = chain_->top_qcow2();
+  if (new_size <= old_size) {
+    return absl::InvalidArgumentError(
+        "Preallocation can only be used for growing images");
+  }
+  if (top == nullptr) {
+    return absl::UnimplementedError(
+        "preallocation when resizing raw images is not supported");
+  }
+  if (chain_->length() > 1) {
+    return absl::UnimplementedError(
+        "preallocation when resizing an image with a backing file is not "
+        "supported");
+  }
+  RETURN_IF_ERROR(chain_->Resize(new_size));
+  // A power cut before this leaves the image grown, not preallocated.
+  return top->writer().PreallocateGrown(old_size, chain_->size(), prealloc);
 }
 
 absl::Status Engine::Close() {
