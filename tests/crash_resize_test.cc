@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-// Power-cut sweep over a preallocated grow (Image::Resize with a
-// Preallocation mode, `qcowtool resize --preallocation`): the image lives
-// on a simulated disk (testing/fault_file.h); for every file operation N
-// of the resize the machine dies at N, the volatile writes are dropped
-// (all, a random half, all but the newest), and then `qemu-img check`
-// must find no corruption (leaks allowed), the size must be the old or
-// the new one, the old contents must read as before and everything past
-// the old end as zeros, through libqcow2 and through qemu-img.
+// Power-cut sweep over resizes that change more than the header: a
+// preallocated grow (Image::Resize with a Preallocation mode, `qcowtool
+// resize --preallocation`) and a shrink (`resize --shrink`). The image
+// lives on a simulated disk (testing/fault_file.h); for every file
+// operation N of the resize the machine dies at N, the volatile writes are
+// dropped (all, a random half, all but the newest), and then `qemu-img
+// check` must find no corruption (leaks allowed), the size must be the old
+// or the new one, the bytes both sizes share must read as before, and the
+// rest as zeros (a grown range) or as before or zeros (a range a cut
+// shrink was dropping), through libqcow2 and through qemu-img.
 #include <algorithm>
 #include <cstdint>
 #include <random>
@@ -90,7 +92,10 @@ class CrashResizeTest : public ::testing::TestWithParam<Config> {
     oo.opener = &fs_;
     auto img = Image::Open(kPath, oo);
     if (!img.ok()) return img.status();
-    absl::Status s = (*img)->Resize(GetParam().new_size, GetParam().prealloc);
+    absl::Status s = GetParam().prealloc == Preallocation::kOff
+                         ? (*img)->Resize(GetParam().new_size)
+                         : (*img)->Resize(GetParam().new_size,
+                                          GetParam().prealloc);
     absl::Status closed = (*img)->Close();
     return s.ok() ? closed : s;
   }
@@ -116,6 +121,12 @@ class CrashResizeTest : public ::testing::TestWithParam<Config> {
     ASSERT_OK(img->Read(0, absl::MakeSpan(got)));
     std::vector<uint8_t> want = model_;
     want.resize(size, 0);
+    // A shrink cut before its header write: the dropped range reads as
+    // before or as zeros.
+    const uint64_t kept = std::min(GetParam().old_size, GetParam().new_size);
+    for (uint64_t i = kept; i < size; ++i) {
+      if (got[i] == 0) want[i] = 0;
+    }
     ASSERT_TRUE(got == want) << where << ": contents differ from the model";
     if (with_qemu) {
       ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> q, testing::QemuReadAll(path));
@@ -182,7 +193,14 @@ INSTANTIATE_TEST_SUITE_P(
         Config{"c64k_falloc", 65536, false, Preallocation::kFalloc,
                1000448, 8ull << 20},
         Config{"c64k_extl2_metadata", 65536, true, Preallocation::kMetadata,
-               1ull << 20, 4ull << 20}),
+               1ull << 20, 4ull << 20},
+        // Shrinks (Image::Resize to a smaller size).
+        Config{"c64k_shrink", 65536, false, Preallocation::kOff, 8ull << 20,
+               1000448},
+        Config{"c512_shrink", 512, false, Preallocation::kOff, 3ull << 20,
+               1ull << 20},
+        Config{"c64k_extl2_shrink", 65536, true, Preallocation::kOff,
+               8ull << 20, 3ull << 20}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

@@ -5,7 +5,7 @@
 // qcow2 images grow through libqcow2 (Image::Resize, with the
 // preallocation mode); raw files are truncated or extended in place, with
 // --preallocation=falloc|full allocating the new part as QEMU's file
-// driver does. Shrinking qcow2 images is not supported yet.
+// driver does. qcow2 images shrink through Image::Resize too.
 #include <fcntl.h>
 #include <getopt.h>
 #include <unistd.h>
@@ -40,8 +40,8 @@ constexpr char kUsage[] =
     "              new part), full (also write zeros); growing only. Not\n"
     "              over a backing file\n"
     "  --shrink    allow making the image smaller: the data past the new\n"
-    "              end is lost. Raw images only; shrinking qcow2 images is\n"
-    "              not supported yet\n"
+    "              end is lost (not yet for qcow2 images with internal\n"
+    "              snapshots or persistent bitmaps)\n"
     "  -q          quiet: no \"Image resized.\" message\n"
     "  -h, --help  show this help\n"
     "\n"
@@ -195,10 +195,6 @@ absl::Status ResizeQcow2(Image& image, const LayerInfo& top,
   if (top.snapshot_count > 0 && top.version < 3) {
     return absl::FailedPreconditionError(
         "Can't resize a v2 image which has snapshots");
-  }
-  if (new_size < image.size()) {
-    return absl::UnimplementedError(absl::StrCat(
-        top.filename, ": shrinking qcow2 images is not supported yet"));
   }
   if (absl::Status s = image.Resize(new_size, ToPreallocation(prealloc));
       !s.ok()) {

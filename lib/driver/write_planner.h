@@ -128,6 +128,13 @@ class WritePlanner {
   absl::Status PreallocateGrown(uint64_t from, uint64_t to,
                                 Preallocation mode);
 
+  // Shrinks the virtual size to `new_size` (a multiple of 512): clears
+  // every L2 entry past it and lets go of its host clusters, flushes
+  // (entries before counts), then writes the header's size. The emptied
+  // L2 tables stay allocated. kUnimplemented with internal snapshots.
+  // REQUIRES: no pending clusters (the caller flushed).
+  absl::Status Shrink(uint64_t new_size);
+
  private:
   // Zeroes host clusters [host, +len) for PreallocateGrown.
   absl::Status ZeroHostRun(uint64_t host, uint64_t len, uint64_t old_file_size,

@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// Preallocation of the range a resize added (qemu-img resize
-// --preallocation): data clusters for every guest cluster of the new
-// range that no entry maps yet, zeroed on disk before an entry names them.
+// The write planner's part of a resize: preallocation of the range a grow
+// added (qemu-img resize --preallocation), data clusters for every guest
+// cluster of it that no entry maps yet, zeroed on disk before an entry
+// names them; and a shrink's release of the clusters past the new end.
 #include <algorithm>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "lib/base/math.h"
 #include "lib/base/status_macros.h"
 #include "lib/format/entries.h"
@@ -107,6 +109,54 @@ absl::Status WritePlanner::PreallocateGrown(uint64_t from, uint64_t to,
     }
   }
   return flusher_->Flush();
+}
+
+}  // namespace qcow2::internal
+
+namespace qcow2::internal {
+
+absl::Status WritePlanner::Shrink(uint64_t new_size) {
+  RETURN_IF_ERROR(header_writer_->PrepareWrite());
+  if (s_->header.nb_snapshots > 0) {
+    return absl::UnimplementedError(
+        absl::StrCat(s_->file->name(),
+                     ": shrinking an image with internal snapshots is not "
+                     "supported yet"));
+  }
+  // Clusters waiting for their L2 entry (deferred copy-on-write) get it
+  // first, so that none is set after the entries are cleared.
+  RETURN_IF_ERROR(flusher_->Flush());
+  const Geometry& g = s_->geometry();
+  const uint64_t first = DivRoundUp(new_size, g.cluster_size);
+  const uint64_t old_end = DivRoundUp(s_->header.size, g.cluster_size);
+  // Every entry past the new end is cleared and its host clusters let go
+  // of (as a discard does); the L2 tables stay, emptied.
+  for (uint64_t c = first; c < old_end;) {
+    const uint64_t idx = c / g.l2_entries;
+    const uint64_t table_end = std::min(old_end, (idx + 1) * g.l2_entries);
+    if (idx >= s_->map->l1().size() || s_->map->l1()[idx] == 0) {
+      c = table_end;
+      continue;
+    }
+    for (; c < table_end; ++c) {
+      ASSIGN_OR_RETURN(L2Ref ref, s_->map->Lookup(c));
+      const uint64_t entry = ref.entry(), bitmap = ref.bitmap();
+      if (entry == 0 && bitmap == 0) continue;
+      const uint64_t guest = c << g.cluster_bits;
+      RETURN_IF_ERROR(guard_->ValidateEntry(entry, bitmap, guest));
+      RETURN_IF_ERROR(guard_->CheckNotMetadata(entry, guest));
+      if (!(s_->map->l1()[idx] & kOflagCopied)) {
+        ASSIGN_OR_RETURN(ref, L2ForWrite(c));  // never shared: no snapshots
+      }
+      ref.Set(0, 0);
+      RETURN_IF_ERROR(ReleaseHost(entry, bitmap, guest));
+    }
+  }
+  // The cleared entries are durable before the counts they let go of
+  // (the flush orders them), and both before the header's new size.
+  RETURN_IF_ERROR(flusher_->Flush());
+  s_->header.size = new_size;
+  return header_writer_->WriteHeaderFields();
 }
 
 }  // namespace qcow2::internal
