@@ -30,6 +30,7 @@ set(QCOW2_LIB_SOURCES
   ${PROJECT_SOURCE_DIR}/lib/driver/qcow2_layer.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/write_planner.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/write_planner_alloc.cc
+  ${PROJECT_SOURCE_DIR}/lib/driver/write_planner_grow.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/zeroer.cc
   ${PROJECT_SOURCE_DIR}/lib/engine/engine.cc
   ${PROJECT_SOURCE_DIR}/lib/engine/engine_fill.cc
@@ -74,16 +75,23 @@ set(QCOWTOOL_SOURCES
   ${PROJECT_SOURCE_DIR}/tools/cmd_bench_sweep.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_bitmap.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_check.cc
+  ${PROJECT_SOURCE_DIR}/tools/cmd_compare.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_convert.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_create.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_info.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_io.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_map.cc
+  ${PROJECT_SOURCE_DIR}/tools/cmd_measure.cc
+  ${PROJECT_SOURCE_DIR}/tools/cmd_resize.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_serve.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_snapshot.cc
+  ${PROJECT_SOURCE_DIR}/tools/create_options.cc
   ${PROJECT_SOURCE_DIR}/tools/host_probe.cc
   ${PROJECT_SOURCE_DIR}/tools/image_info.cc
   ${PROJECT_SOURCE_DIR}/tools/json_writer.cc
   ${PROJECT_SOURCE_DIR}/tools/main.cc
   ${PROJECT_SOURCE_DIR}/tools/map_walk.cc
+  ${PROJECT_SOURCE_DIR}/tools/measure.cc
+  ${PROJECT_SOURCE_DIR}/tools/progress.cc
+  ${PROJECT_SOURCE_DIR}/tools/status_above.cc
 )

@@ -102,6 +102,13 @@ int ReportError(const absl::Status& status) {
   return kExitImageError;
 }
 
+int ReportFailure(TextArg message) {
+  const std::string_view m = message.view();
+  std::fprintf(stderr, "qcowtool: %.*s\n", static_cast<int>(m.size()),
+               m.data());
+  return 1;
+}
+
 int PrintHelp(TextArg usage) {
   const std::string_view u = usage.view();
   std::fwrite(u.data(), 1, u.size(), stdout);

@@ -55,6 +55,10 @@ int UsageError(TextArg usage, TextArg message);
 // Prints "qcowtool: <status message>" to stderr. Returns kExitImageError.
 int ReportError(const absl::Status& status);
 
+// Prints "qcowtool: <message>" to stderr. Returns 1: the status of the
+// commands that, like qemu-img resize and measure, exit 1 on any error.
+int ReportFailure(TextArg message);
+
 // Prints `usage` to stdout (for --help). Returns kExitOk.
 int PrintHelp(TextArg usage);
 

@@ -22,6 +22,9 @@ int RunCheck(int argc, char** argv);
 int RunBench(int argc, char** argv);
 int RunServe(int argc, char** argv);
 int RunBitmap(int argc, char** argv);
+int RunCompare(int argc, char** argv);
+int RunResize(int argc, char** argv);
+int RunMeasure(int argc, char** argv);
 
 }  // namespace qcow2::tool
 

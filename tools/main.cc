@@ -32,6 +32,9 @@ constexpr Command kCommands[] = {
     {"bench", RunBench, "measure I/O performance and amplification"},
     {"serve", RunServe, "export an image over NBD (nbdkit with libqcow2)"},
     {"bitmap", RunBitmap, "add, remove, clear, enable, disable, merge bitmaps"},
+    {"compare", RunCompare, "check whether two images have the same contents"},
+    {"resize", RunResize, "change the virtual size of an image"},
+    {"measure", RunMeasure, "compute the file size a new image needs"},
 };
 
 std::string Usage() {

@@ -129,8 +129,24 @@ class QCOW2_EXPORT Image {
   // Grows the virtual disk to `new_size` bytes (rounded up to 512); the new
   // range reads as zeros (or as the backing file where it reaches). The
   // qcow2 L1 table is reallocated when it no longer covers the disk.
-  // Shrinking fails with kUnimplemented. REQUIRES: writable().
+  // Shrinking (qcow2 only) drops the data past the new end: the L2 entries
+  // there are cleared and their host clusters freed (entries durable
+  // first), then the header takes the new size; the emptied L2 tables
+  // stay allocated. A power cut leaves the old size (the dropped range
+  // reading as before or as zeros) or the new one. kUnimplemented for raw
+  // images and for qcow2 images with internal snapshots or persistent
+  // bitmaps. REQUIRES: writable().
   absl::Status Resize(uint64_t new_size);
+
+  // Grows as above, then preallocates the new range as `qemu-img resize
+  // --preallocation` does: kMetadata gives every cluster of it a data
+  // cluster (reading as zeros), kFalloc also reserves their host space,
+  // kFull also writes the zeros; kOff is Resize(new_size). Errors:
+  // kInvalidArgument unless the disk grows; kUnimplemented for raw images
+  // and images with a backing file. A power cut part way leaves the image
+  // grown, with part of the range preallocated at most.
+  // REQUIRES: writable(); no requests in flight (as Resize).
+  absl::Status Resize(uint64_t new_size, Preallocation prealloc);
 
   // Makes every write completed before the call durable, metadata included.
   absl::Status Flush();

@@ -95,6 +95,9 @@ absl::Status Image::Flush() {
 absl::Status Image::Resize(uint64_t new_size) {
   return engine_->Resize(new_size);
 }
+absl::Status Image::Resize(uint64_t new_size, Preallocation prealloc) {
+  return engine_->ResizePreallocated(new_size, prealloc);
+}
 absl::Status Image::Close() { return engine_->Close(); }
 
 absl::StatusOr<BlockStatus> Image::GetBlockStatus(uint64_t offset,

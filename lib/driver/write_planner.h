@@ -119,7 +119,26 @@ class WritePlanner {
   // host space under it, then flushes. For freshly created images.
   absl::Status Preallocate(Preallocation mode);
 
+  // Preallocates the range [from, to) a grow added (qemu-img resize
+  // --preallocation): every guest cluster of it no entry maps gets a data
+  // cluster, zeroed on disk (written for kFull, and wherever it lies
+  // inside the old file; reserved for kFalloc) and flushed before the
+  // entries naming it are set; then flushes. REQUIRES: no backing file
+  // (the clusters would hide its data).
+  absl::Status PreallocateGrown(uint64_t from, uint64_t to,
+                                Preallocation mode);
+
+  // Shrinks the virtual size to `new_size` (a multiple of 512): clears
+  // every L2 entry past it and lets go of its host clusters, flushes
+  // (entries before counts), then writes the header's size. The emptied
+  // L2 tables stay allocated. kUnimplemented with internal snapshots.
+  // REQUIRES: no pending clusters (the caller flushed).
+  absl::Status Shrink(uint64_t new_size);
+
  private:
+  // Zeroes host clusters [host, +len) for PreallocateGrown.
+  absl::Status ZeroHostRun(uint64_t host, uint64_t len, uint64_t old_file_size,
+                           Preallocation mode);
   // Writes into subclusters of the cluster at host `entry` (ours, or
   // `fresh` just allocated for it), padding to subcluster boundaries.
   absl::Status PlanSubclusters(const L2Ref& ref, uint64_t entry,

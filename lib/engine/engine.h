@@ -99,6 +99,10 @@ class Engine {
                                              uint64_t max_len)
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Resize(uint64_t new_size) ABSL_LOCKS_EXCLUDED(mu_);
+  // Grows (then preallocates the new range, with a mode) or shrinks: see
+  // Image::Resize.
+  absl::Status ResizePreallocated(uint64_t new_size, Preallocation prealloc)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Close() ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CreateOverlay(const std::string& path,
                              const CreateOptions& opts)
@@ -118,6 +122,9 @@ class Engine {
   }
 
  private:
+  // Image::Resize to a smaller size: the top qcow2 layer's Shrink.
+  absl::Status ShrinkLocked(uint64_t new_size)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   explicit Engine(std::unique_ptr<Chain> chain);
 
   void PlanLocked(Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

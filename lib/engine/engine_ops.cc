@@ -4,6 +4,9 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "lib/base/status_macros.h"
+#include "lib/driver/qcow2_layer.h"
 #include "lib/engine/engine.h"
 #include "lib/meta/eviction_scope.h"
 #include "lib/meta/metadata_cache.h"
@@ -85,9 +88,52 @@ absl::StatusOr<BlockStatus> Engine::GetBlockStatus(uint64_t offset,
 }
 
 absl::Status Engine::Resize(uint64_t new_size) {
+  return ResizePreallocated(new_size, Preallocation::kOff);
+}
+
+absl::Status Engine::ShrinkLocked(uint64_t new_size) {
+  RETURN_IF_ERROR(chain_->CheckWritable());
+  Qcow2Layer* top = chain_->top_qcow2();
+  if (top == nullptr) {
+    return absl::UnimplementedError(absl::StrCat(
+        chain_->GetChainInfo()[0].filename,
+        ": resizing raw images is not supported"));
+  }
+  if (!top->bitmaps().List().empty()) {
+    return absl::UnimplementedError(absl::StrCat(
+        top->filename(),
+        ": shrinking an image with persistent bitmaps is not supported yet"));
+  }
+  return top->writer().Shrink(new_size);
+}
+
+absl::Status Engine::ResizePreallocated(uint64_t new_size,
+                                       Preallocation prealloc) {
   CountedCall counted(&stats_);
   EngineLock lock(&mu_);
-  return chain_->Resize(new_size);
+  const uint64_t rounded = (new_size + 511) & ~uint64_t{511};
+  if (prealloc == Preallocation::kOff && rounded < chain_->size()) {
+    return ShrinkLocked(rounded);
+  }
+  if (prealloc == Preallocation::kOff) return chain_->Resize(new_size);
+  const uint64_t old_size = chain_->size();
+  Qcow2Layer* top = chain_->top_qcow2();
+  if (new_size <= old_size) {
+    return absl::InvalidArgumentError(
+        "Preallocation can only be used for growing images");
+  }
+  if (top == nullptr) {
+    return absl::UnimplementedError(
+        "preallocation when resizing raw images is not supported");
+  }
+  if (chain_->length() > 1) {
+    return absl::UnimplementedError(
+        "preallocation when resizing an image with a backing file is not "
+        "supported");
+  }
+  RETURN_IF_ERROR(chain_->Resize(new_size));
+  // A power cut before this leaves the image grown, not preallocated.
+  return top->writer().PreallocateGrown(old_size, chain_->size(), prealloc);
 }
 
 absl::Status Engine::Close() {

@@ -191,16 +191,37 @@ absl::Status Refcounts::WriteTableEntries() {
   CountMetadata(&IoStats::host_flushes, 1);
   RETURN_IF_ERROR(file_->Flush());
   std::sort(unwritten_table_entries_.begin(), unwritten_table_entries_.end());
+  // A new block may lie in the range of another new block (EnsureBlock
+  // makes that one first, to count it). Its entry is written only once the
+  // entry of the block counting it is durable: a power cut that kept the
+  // one and lost the other would leave a block named and counted nowhere.
   while (!unwritten_table_entries_.empty()) {
-    const uint64_t index = unwritten_table_entries_.front();
-    uint8_t buf[8];
-    StoreBE64(buf, table_[index]);
-    CountMetadata(&IoStats::refcount_write_bytes, 8);
-    EmitEvent("reftable-update");
-    // Kept on failure: the next flush writes it again.
-    RETURN_IF_ERROR(
-        file_->WriteAt(table_offset_ + index * 8, absl::MakeConstSpan(buf, 8)));
-    unwritten_table_entries_.erase(unwritten_table_entries_.begin());
+    auto pending = [this](uint64_t idx) {
+      return std::binary_search(unwritten_table_entries_.begin(),
+                                unwritten_table_entries_.end(), idx);
+    };
+    std::vector<uint64_t> ready;
+    for (uint64_t index : unwritten_table_entries_) {
+      const uint64_t counter = (table_[index] >> cluster_bits_) / block_entries_;
+      if (counter == index || !pending(counter)) ready.push_back(index);
+    }
+    if (ready.empty()) ready = unwritten_table_entries_;  // never: no cycles
+    for (uint64_t index : ready) {
+      uint8_t buf[8];
+      StoreBE64(buf, table_[index]);
+      CountMetadata(&IoStats::refcount_write_bytes, 8);
+      EmitEvent("reftable-update");
+      // Kept on failure: the next flush writes it again.
+      RETURN_IF_ERROR(file_->WriteAt(table_offset_ + index * 8,
+                                     absl::MakeConstSpan(buf, 8)));
+      unwritten_table_entries_.erase(
+          std::find(unwritten_table_entries_.begin(),
+                    unwritten_table_entries_.end(), index));
+    }
+    if (!unwritten_table_entries_.empty()) {
+      CountMetadata(&IoStats::host_flushes, 1);
+      RETURN_IF_ERROR(file_->Flush());
+    }
   }
   return absl::OkStatus();
 }

@@ -1,0 +1,99 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "tools/measure.h"
+
+namespace qcow2::tool {
+namespace {
+
+constexpr uint64_t kMaxL1Bytes = 32u << 20;  // QEMU's QCOW_MAX_L1_SIZE
+constexpr uint64_t kTableEntryBytes = 8;      // L1 and refcount table entries
+constexpr uint64_t kSectorBytes = 512;
+
+uint64_t DivRoundUp(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+uint64_t RoundUp(uint64_t a, uint64_t b) { return DivRoundUp(a, b) * b; }
+
+// Everything a fully allocated qcow2 image of `virtual_size` bytes holds:
+// header cluster, L2 and L1 tables, refcount structures, data.
+uint64_t FullyAllocatedBytes(const MeasureTarget& t, uint64_t virtual_size) {
+  const uint64_t cs = t.cluster_size;
+  const uint64_t l2e = t.extended_l2 ? 16 : 8;
+  const uint64_t aligned = RoundUp(virtual_size, cs);
+  uint64_t meta = cs;  // the header
+  const uint64_t l2_entries = RoundUp(aligned / cs, cs / l2e);
+  meta += l2_entries * l2e;
+  const uint64_t l1_entries =
+      RoundUp(l2_entries * l2e / cs, cs / kTableEntryBytes);
+  meta += l1_entries * kTableEntryBytes;
+  meta += RefcountMetadataBytes((meta + aligned) / cs, cs, t.refcount_bits);
+  return meta + aligned;
+}
+
+// Bitmap clusters, bitmap tables and the directory, as if every bitmap of
+// a disk of `disk_size` bytes were copied into clusters of `cs` bytes.
+uint64_t BitmapBytes(const std::vector<MeasureSource::Bitmap>& bitmaps,
+                     uint64_t disk_size, uint64_t cs) {
+  uint64_t total = 0, directory = 0;
+  for (const MeasureSource::Bitmap& b : bitmaps) {
+    const uint64_t bits = DivRoundUp(disk_size, b.granularity);
+    const uint64_t clusters = DivRoundUp(DivRoundUp(bits, 8), cs);
+    total += clusters * cs;                              // the bitmap
+    total += RoundUp(clusters * kTableEntryBytes, cs);  // its table
+    directory += RoundUp(24 + b.name_length, 8);        // its entry
+  }
+  return total + RoundUp(directory, cs);
+}
+
+MeasureResult MeasureRaw(const MeasureTarget& t, const MeasureSource* src) {
+  MeasureResult r;
+  r.required = src != nullptr ? src->size : RoundUp(t.size, kSectorBytes);
+  r.fully_allocated = r.required;
+  return r;
+}
+
+}  // namespace
+
+uint64_t RefcountMetadataBytes(uint64_t clusters, uint64_t cluster_size,
+                               uint32_t refcount_bits) {
+  const uint64_t per_table_cluster = cluster_size / kTableEntryBytes;
+  const uint64_t per_block = cluster_size * 8 / refcount_bits;
+  uint64_t table = 0, blocks = 0, n = 0, last = 0;
+  // The fixed point where the refcount structures also count themselves.
+  do {
+    last = n;
+    blocks = DivRoundUp(clusters + table + blocks, per_block);
+    table = DivRoundUp(blocks, per_table_cluster);
+    n = clusters + blocks + table;
+  } while (n != last);
+  return (blocks + table) * cluster_size;
+}
+
+absl::StatusOr<MeasureResult> Measure(const MeasureTarget& t,
+                                      const MeasureSource* src) {
+  if (t.format == ImageFormat::kRaw) return MeasureRaw(t, src);
+  const uint64_t cs = t.cluster_size;
+  uint64_t virtual_size = RoundUp(t.size, cs);
+  const uint64_t l2e = t.extended_l2 ? 16 : 8;
+  const uint64_t l2_tables = DivRoundUp(virtual_size / cs, cs / l2e);
+  if (l2_tables * kTableEntryBytes > kMaxL1Bytes) {
+    return absl::InvalidArgumentError(
+        "The image size is too large (try using a larger cluster size)");
+  }
+  uint64_t data = 0;
+  if (src != nullptr) {
+    virtual_size = RoundUp(src->size, cs);
+    // With a backing file nothing is known to be shared: count it all.
+    data = t.has_backing_file ? virtual_size : src->data_bytes;
+  }
+  if (t.preallocation == Preallocation::kFull ||
+      t.preallocation == Preallocation::kFalloc) {
+    data = virtual_size;
+  }
+  MeasureResult r;
+  r.fully_allocated = FullyAllocatedBytes(t, virtual_size);
+  r.required = r.fully_allocated - virtual_size + data;
+  if (t.version >= 3 && src != nullptr && src->bitmaps.has_value()) {
+    r.bitmaps = BitmapBytes(*src->bitmaps, src->size, cs);
+  }
+  return r;
+}
+
+}  // namespace qcow2::tool
