@@ -13,6 +13,7 @@
 //    cluster, or a refcount below the references, fails the test;
 //  - the active disk reads as before the operation or as after it;
 //  - every snapshot the table still lists reads its own data.
+#include <cstdio>
 #include <map>
 #include <random>
 #include <string>
@@ -36,18 +37,19 @@ using internal::FaultDisk;
 using internal::FaultFileSystem;
 using testing::CommandResult;
 
-struct Config {
-  std::string name;
-  std::string compat;
-  uint32_t cluster_size;
-  bool extended_l2;
-};
-
-std::string ConfigName(const ::testing::TestParamInfo<Config>& info) {
-  return info.param.name;
+// A qcow2 image spec for the parameter lists.
+testing::QemuImageSpec Spec(const char* compat, uint32_t cluster_size,
+                            bool extended_l2 = false) {
+  testing::QemuImageSpec spec;
+  spec.compat = compat;
+  spec.cluster_size = cluster_size;
+  spec.extended_l2 = extended_l2;
+  return spec;
 }
 
-enum class Action { kCreate, kApply, kDelete };
+// kDeleteOld drops s1, whose clusters s2 still shares; kDeleteNew drops
+// s2, whose clusters the active disk then owns alone (COPIED flags set).
+enum class Action { kCreate, kApply, kDeleteOld, kDeleteNew };
 
 CommandResult QemuImg(const std::vector<std::string>& args) {
   std::vector<std::string> argv = {"qemu-img"};
@@ -78,17 +80,14 @@ bool OnlyMissingCopiedFlags(const std::string& err, std::string* bad) {
   return true;
 }
 
-class CrashSnapshotTest : public ::testing::TestWithParam<Config> {
+class CrashSnapshotTest
+    : public ::testing::TestWithParam<testing::QemuImageSpec> {
  protected:
   void SetUp() override {
     if (!testing::HaveQemu()) GTEST_SKIP() << "no qemu-img";
-    const Config& c = GetParam();
+    testing::QemuImageSpec spec = GetParam();
     const std::string path = dir_.File("img.qcow2");
-    testing::QemuImageSpec spec;
     spec.size = 2 << 20;
-    spec.compat = c.compat;
-    spec.cluster_size = c.cluster_size;
-    spec.extended_l2 = c.extended_l2;
     ASSERT_OK(testing::QemuCreate(path, spec));
     ASSERT_OK(testing::QemuIo(path, {"write -P 0x11 0 300k",
                                      "write -c -P 0x12 1m 64k"}));
@@ -121,8 +120,10 @@ class CrashSnapshotTest : public ::testing::TestWithParam<Config> {
         return img->CreateSnapshot("new").status();
       case Action::kApply:
         return img->ApplySnapshot("s1");
-      case Action::kDelete:
+      case Action::kDeleteOld:
         return img->DeleteSnapshot("s1");
+      case Action::kDeleteNew:
+        return img->DeleteSnapshot("s2");
     }
     return absl::OkStatus();
   }
@@ -159,12 +160,11 @@ class CrashSnapshotTest : public ::testing::TestWithParam<Config> {
       std::lock_guard<std::mutex> lock(disk->mu);
       end = disk->ops;
     }
+    // A death may pass unnoticed (the last operation can be an advisory
+    // discard of freed clusters): only the disk tells.
     if (die_after == 0) {
       EXPECT_TRUE(s.ok()) << s;
       EXPECT_TRUE((*img)->Close().ok());
-    } else {
-      EXPECT_FALSE(s.ok()) << "the action survived its death at op "
-                           << die_after;
     }
     img->reset();
     return end - start;
@@ -183,6 +183,7 @@ class CrashSnapshotTest : public ::testing::TestWithParam<Config> {
                   OnlyMissingCopiedFlags(check.out + check.err, &bad))
           << "qemu-img check exit " << check.exit_code << ": " << bad << "\n"
           << check.out << check.err;
+      ++copied_windows_;
     }
     ASSERT_OK_AND_ASSIGN(auto active, testing::QemuReadAll(path));
     EXPECT_TRUE(active == active_before_ || active == active_after_[a])
@@ -207,14 +208,18 @@ class CrashSnapshotTest : public ::testing::TestWithParam<Config> {
   std::vector<uint8_t> active_before_;
   std::map<Action, std::vector<uint8_t>> active_after_;
   std::map<std::string, std::vector<uint8_t>> snapshot_data_;
+  int copied_windows_ = 0;  // cuts that left COPIED flags to fix
 };
 
 TEST_P(CrashSnapshotTest, PowerCutAtEveryStep) {
   std::mt19937 rng(99);
-  for (Action a : {Action::kCreate, Action::kApply, Action::kDelete}) {
-    const char* name = a == Action::kCreate  ? "create"
-                       : a == Action::kApply ? "apply"
-                                             : "delete";
+  int cut_points = 0;
+  for (Action a : {Action::kCreate, Action::kApply, Action::kDeleteOld,
+                   Action::kDeleteNew}) {
+    const char* name = a == Action::kCreate      ? "create"
+                       : a == Action::kApply     ? "apply"
+                       : a == Action::kDeleteOld ? "delete s1"
+                                                 : "delete s2";
     const uint64_t total = Run(a, 0);
     ASSERT_GT(total, 3u) << name;
     {
@@ -239,17 +244,23 @@ TEST_P(CrashSnapshotTest, PowerCutAtEveryStep) {
         ASSERT_NO_FATAL_FAILURE(
             Judge(a, absl::StrCat(name, " cut at op ", cut, " of ", total,
                                   ", ", kVariants[variant])));
+        ++cut_points;
       }
     }
+    printf("[power-cut] %s %s: %llu file operations, %d cut points, %d "
+           "with COPIED flags still to fix\n",
+           GetParam().Token().c_str(), name,
+           static_cast<unsigned long long>(total), cut_points, copied_windows_);
+    cut_points = 0;
+    copied_windows_ = 0;
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Configs, CrashSnapshotTest,
-    ::testing::Values(Config{"v3_c64k", "1.1", 65536, false},
-                      Config{"v2_c4k", "0.10", 4096, false},
-                      Config{"v3_c32k_xl2", "1.1", 32768, true}),
-    ConfigName);
+    ::testing::Values(Spec("1.1", 65536), Spec("0.10", 4096),
+                      Spec("1.1", 32768, true)),
+    [](const auto& info) { return info.param.Token(); });
 
 }  // namespace
 }  // namespace qcow2

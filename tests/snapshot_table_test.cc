@@ -9,6 +9,7 @@
 
 #include "gtest/gtest.h"
 #include "lib/base/endian.h"
+#include "lib/format/header.h"
 #include "tests/util/test_util.h"
 
 namespace qcow2::internal {

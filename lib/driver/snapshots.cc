@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "lib/base/endian.h"
@@ -147,6 +148,42 @@ class SnapshotOps {
     return absl::OkStatus();
   }
 
+  // Fails (kOutOfRange, nothing written) if raising the refcount of every
+  // cluster the tree names would take one past the refcount width's
+  // maximum (QEMU fails then too, after leaking what it raised).
+  absl::Status CheckRaise(const std::vector<uint64_t>& l1) {
+    absl::flat_hash_map<uint64_t, uint64_t> adds;  // cluster -> references
+    auto add = [&](uint64_t off, uint64_t len) {
+      for (uint64_t c = off >> g_.cluster_bits;
+           c <= (off + len - 1) >> g_.cluster_bits; ++c) {
+        ++adds[c];
+      }
+    };
+    RETURN_IF_ERROR(ForEachTree(
+        l1,
+        [&](L2Ref& ref) {
+          uint64_t off = 0, len = 0;
+          DataRange(ref.entry(), &off, &len);
+          if (len != 0) add(off, len);
+          return absl::OkStatus();
+        },
+        [&](uint64_t table) {
+          add(table, g_.cluster_size);
+          return absl::OkStatus();
+        }));
+    for (const auto& [cluster, n] : adds) {
+      ASSIGN_OR_RETURN(uint64_t rc, refs_->Get(cluster));
+      if (rc + n > refs_->max_refcount()) {
+        return absl::OutOfRangeError(absl::StrFormat(
+            "%s: cluster 0x%x cannot be shared once more: its refcount "
+            "would exceed %u, the most refcount_bits=%u can count",
+            name_, cluster << g_.cluster_bits, refs_->max_refcount(),
+            layer_->header().refcount_bits()));
+      }
+    }
+    return absl::OkStatus();
+  }
+
   // Adds `delta` to the refcount of every cluster the tree names (its
   // data, then each L2 table).
   absl::Status UpdateTree(const std::vector<uint64_t>& l1, int64_t delta) {
@@ -244,6 +281,21 @@ class SnapshotOps {
     return refs_->Update(old_offset, old.size, -1);
   }
 
+  // After the commit: drops the references of a tree nothing names any
+  // more and frees its L1 table, then sets COPIED where the active tree
+  // now owns a cluster alone. Leaves the layer flushed.
+  absl::Status ReleaseTree(const std::vector<uint64_t>& l1,
+                           uint64_t l1_offset) {
+    RETURN_IF_ERROR(UpdateTree(l1, -1));
+    if (!l1.empty()) {
+      RETURN_IF_ERROR(refs_->Update(l1_offset, l1.size() * 8, -1));
+    }
+    RETURN_IF_ERROR(SetL2Flags(map_.l1(), CopiedFlags::kByRefcount));
+    RETURN_IF_ERROR(SetActiveL1Flags(CopiedFlags::kByRefcount));
+    RETURN_IF_ERROR(Durable());
+    return layer_->flusher().Flush();
+  }
+
   // After a failure past Begin(): kDataLoss marks the image corrupt.
   absl::Status Fail(absl::Status s) {
     return layer_->header_writer().Fail(std::move(s));
@@ -257,7 +309,6 @@ class SnapshotOps {
   Qcow2Layer* layer() { return layer_; }
   const Geometry& geometry() const { return g_; }
   ClusterMap& map() { return map_; }
-  Refcounts* refs() { return refs_; }
 
  private:
   absl::Status Corrupt(const SnapshotEntry& sn, const std::string& what) {
@@ -380,6 +431,7 @@ absl::StatusOr<SnapshotEntry> CreateSnapshot(Qcow2Layer* layer,
   RETURN_IF_ERROR(ops.Begin());
   const std::vector<uint64_t> active = ops.map().l1();
   RETURN_IF_ERROR(ops.CheckTree(e, active));
+  RETURN_IF_ERROR(ops.CheckRaise(active));
   auto run = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(e.l1_offset, ops.WriteNewL1(active));
     e.l1_size = static_cast<uint32_t>(active.size());
@@ -417,6 +469,7 @@ absl::Status ApplySnapshot(Qcow2Layer* layer, const std::string& key) {
   ASSIGN_OR_RETURN(std::vector<uint64_t> sn_l1, ops.ReadL1(sn));
   RETURN_IF_ERROR(ops.CheckTree(sn, sn_l1));
   RETURN_IF_ERROR(ops.Begin());
+  RETURN_IF_ERROR(ops.CheckRaise(sn_l1));
   auto run = [&]() -> absl::Status {
     RETURN_IF_ERROR(ops.UpdateTree(sn_l1, +1));
     RETURN_IF_ERROR(ops.SetL2Flags(sn_l1, CopiedFlags::kClearAll));
@@ -440,14 +493,7 @@ absl::Status ApplySnapshot(Qcow2Layer* layer, const std::string& key) {
     const std::vector<uint64_t> old_l1 = ops.map().l1();
     const uint64_t old_offset = ops.map().l1_offset();
     ops.map().ReplaceL1(std::move(l1), l1_offset);
-    RETURN_IF_ERROR(ops.UpdateTree(old_l1, -1));
-    if (!old_l1.empty()) {
-      RETURN_IF_ERROR(ops.refs()->Update(old_offset, old_l1.size() * 8, -1));
-    }
-    RETURN_IF_ERROR(ops.SetL2Flags(ops.map().l1(), CopiedFlags::kByRefcount));
-    RETURN_IF_ERROR(ops.SetActiveL1Flags(CopiedFlags::kByRefcount));
-    RETURN_IF_ERROR(ops.Durable());
-    return layer->flusher().Flush();
+    return ops.ReleaseTree(old_l1, old_offset);
   };
   if (absl::Status s = run(); !s.ok()) return ops.Fail(std::move(s));
   return absl::OkStatus();
@@ -466,14 +512,7 @@ absl::Status DeleteSnapshot(Qcow2Layer* layer, const std::string& key) {
     std::vector<SnapshotEntry> rest = table.entries;
     rest.erase(rest.begin() + idx);
     RETURN_IF_ERROR(ops.CommitTable(rest, table));
-    RETURN_IF_ERROR(ops.UpdateTree(sn_l1, -1));
-    if (!sn_l1.empty()) {
-      RETURN_IF_ERROR(ops.refs()->Update(sn.l1_offset, sn_l1.size() * 8, -1));
-    }
-    RETURN_IF_ERROR(ops.SetL2Flags(ops.map().l1(), CopiedFlags::kByRefcount));
-    RETURN_IF_ERROR(ops.SetActiveL1Flags(CopiedFlags::kByRefcount));
-    RETURN_IF_ERROR(ops.Durable());
-    return layer->flusher().Flush();
+    return ops.ReleaseTree(sn_l1, sn.l1_offset);
   };
   if (absl::Status s = run(); !s.ok()) return ops.Fail(std::move(s));
   return absl::OkStatus();

@@ -109,6 +109,10 @@ bool QemuImageSpec::Valid() const {
   return compression_type == "zlib" || compression_type == "zstd";
 }
 
+void PrintTo(const QemuImageSpec& spec, std::ostream* os) {
+  *os << spec.Token();
+}
+
 std::string QemuImageSpec::Token() const {
   if (format != "qcow2") return format;
   std::string t = absl::StrCat("c", SizeToken(cluster_size), "_rb",

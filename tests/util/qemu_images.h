@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,9 @@ struct QemuImageSpec {
   // A short name usable in gtest names: "c64k_rb16_v3_zlib_xl2", "raw".
   std::string Token() const;
 };
+
+// gtest prints a spec parameter as its Token().
+void PrintTo(const QemuImageSpec& spec, std::ostream* os);
 
 // The argv of `qemu-img create` for `spec`.
 std::vector<std::string> QemuCreateArgv(const std::string& path,
