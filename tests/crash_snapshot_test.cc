@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
@@ -37,25 +37,11 @@ using internal::FaultDisk;
 using internal::FaultFileSystem;
 using testing::CommandResult;
 
-// A qcow2 image spec for the parameter lists.
-testing::QemuImageSpec Spec(const char* compat, uint32_t cluster_size,
-                            bool extended_l2 = false) {
-  testing::QemuImageSpec spec;
-  spec.compat = compat;
-  spec.cluster_size = cluster_size;
-  spec.extended_l2 = extended_l2;
-  return spec;
-}
+using testing::Qcow2Spec;
 
 // kDeleteOld drops s1, whose clusters s2 still shares; kDeleteNew drops
 // s2, whose clusters the active disk then owns alone (COPIED flags set).
 enum class Action { kCreate, kApply, kDeleteOld, kDeleteNew };
-
-CommandResult QemuImg(const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {"qemu-img"};
-  argv.insert(argv.end(), args.begin(), args.end());
-  return testing::Run(argv);
-}
 
 // Whether every corruption qemu-img check reports is a COPIED flag missing
 // on a cluster with refcount 1 (see the file comment).
@@ -89,14 +75,16 @@ class CrashSnapshotTest
     const std::string path = dir_.File("img.qcow2");
     spec.size = 2 << 20;
     ASSERT_OK(testing::QemuCreate(path, spec));
-    ASSERT_OK(testing::QemuIo(path, {"write -P 0x11 0 300k",
-                                     "write -c -P 0x12 1m 64k"}));
-    ASSERT_EQ(QemuImg({"snapshot", "-c", "s1", path}).exit_code, 0);
-    ASSERT_OK(testing::QemuIo(path, {"write -P 0x21 64k 100k",
-                                     "write -P 0x22 1536k 80k"}));
-    ASSERT_EQ(QemuImg({"snapshot", "-c", "s2", path}).exit_code, 0);
-    ASSERT_OK(testing::QemuIo(path, {"write -P 0x31 0 20k",
-                                     "write -P 0x32 1m 4k"}));
+    ASSERT_OK(testing::QemuIo(
+        path, {"write -P 0x11 0 300k", "write -c -P 0x12 1m 64k"}));
+    ASSERT_EQ(
+        testing::Run({"qemu-img", "snapshot", "-c", "s1", path}).exit_code, 0);
+    ASSERT_OK(testing::QemuIo(
+        path, {"write -P 0x21 64k 100k", "write -P 0x22 1536k 80k"}));
+    ASSERT_EQ(
+        testing::Run({"qemu-img", "snapshot", "-c", "s2", path}).exit_code, 0);
+    ASSERT_OK(
+        testing::QemuIo(path, {"write -P 0x31 0 20k", "write -P 0x32 1m 4k"}));
     ASSERT_OK_AND_ASSIGN(initial_, testing::ReadFileBytes(path));
     ASSERT_OK_AND_ASSIGN(active_before_, testing::QemuReadAll(path));
     for (const char* id : {"1", "2"}) {
@@ -107,9 +95,9 @@ class CrashSnapshotTest
   absl::StatusOr<std::vector<uint8_t>> SnapshotData(const std::string& path,
                                                     const std::string& id) {
     const std::string raw = dir_.File("snap.raw");
-    CommandResult r = QemuImg({"convert", "-U", "-l",
-                               absl::StrCat("snapshot.id=", id), "-O", "raw",
-                               path, raw});
+    CommandResult r = testing::Run({"qemu-img", "convert", "-U", "-l",
+                                    absl::StrCat("snapshot.id=", id), "-O",
+                                    "raw", path, raw});
     if (r.exit_code != 0) return absl::InternalError(r.err);
     return testing::ReadFileBytes(raw);
   }
@@ -176,7 +164,7 @@ class CrashSnapshotTest
     auto disk = fs_.Disk("/d/img.qcow2");
     const std::string path = dir_.File("cut.qcow2");
     ASSERT_OK(testing::WriteFileBytes(path, disk->durable));
-    CommandResult check = QemuImg({"check", path});
+    CommandResult check = testing::Run({"qemu-img", "check", path});
     if (check.exit_code != 0 && check.exit_code != 3) {
       std::string bad;
       ASSERT_TRUE(check.exit_code == 2 &&
@@ -188,7 +176,8 @@ class CrashSnapshotTest
     ASSERT_OK_AND_ASSIGN(auto active, testing::QemuReadAll(path));
     EXPECT_TRUE(active == active_before_ || active == active_after_[a])
         << "the active disk reads neither as before nor as after";
-    CommandResult info = QemuImg({"info", "-U", "--output=json", path});
+    CommandResult info =
+        testing::Run({"qemu-img", "info", "-U", "--output=json", path});
     ASSERT_EQ(info.exit_code, 0) << info.err;
     ASSERT_OK_AND_ASSIGN(auto v, testing::json::Parse(info.out));
     const auto& list = v["snapshots"];
@@ -231,8 +220,8 @@ TEST_P(CrashSnapshotTest, PowerCutAtEveryStep) {
       ASSERT_OK_AND_ASSIGN(active_after_[a], testing::QemuReadAll(path));
     }
     for (uint64_t cut = 1; cut <= total; ++cut) {
-      static const char* const kVariants[] = {
-          "all dropped", "random half kept", "only the newest write kept"};
+      static const char* const kVariants[] = {"all dropped", "random half kept",
+                                              "only the newest write kept"};
       for (int variant = 0; variant < 3; ++variant) {
         Run(a, cut);
         auto disk = fs_.Disk("/d/img.qcow2");
@@ -242,25 +231,26 @@ TEST_P(CrashSnapshotTest, PowerCutAtEveryStep) {
           continue;  // the same as dropping all
         }
         ASSERT_NO_FATAL_FAILURE(
-            Judge(a, absl::StrCat(name, " cut at op ", cut, " of ", total,
-                                  ", ", kVariants[variant])));
+            Judge(a, absl::StrCat(name, " cut at op ", cut, " of ", total, ", ",
+                                  kVariants[variant])));
         ++cut_points;
       }
     }
-    printf("[power-cut] %s %s: %llu file operations, %d cut points, %d "
-           "with COPIED flags still to fix\n",
-           GetParam().Token().c_str(), name,
-           static_cast<unsigned long long>(total), cut_points, copied_windows_);
+    printf(
+        "[power-cut] %s %s: %llu file operations, %d cut points, %d "
+        "with COPIED flags still to fix\n",
+        GetParam().Token().c_str(), name,
+        static_cast<unsigned long long>(total), cut_points, copied_windows_);
     cut_points = 0;
     copied_windows_ = 0;
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Configs, CrashSnapshotTest,
-    ::testing::Values(Spec("1.1", 65536), Spec("0.10", 4096),
-                      Spec("1.1", 32768, true)),
-    [](const auto& info) { return info.param.Token(); });
+INSTANTIATE_TEST_SUITE_P(Configs, CrashSnapshotTest,
+                         ::testing::Values(Qcow2Spec("1.1", 65536),
+                                           Qcow2Spec("0.10", 4096),
+                                           Qcow2Spec("1.1", 32768, true)),
+                         [](const auto& info) { return info.param.Token(); });
 
 }  // namespace
 }  // namespace qcow2

@@ -36,21 +36,13 @@ CommandResult QemuImg(const std::vector<std::string>& args) {
   return testing::Run(argv);
 }
 
-#define EXPECT_RUNS(result)                                            \
-  do {                                                                 \
-    const CommandResult& r_ = (result);                                \
-    ASSERT_EQ(r_.exit_code, 0) << r_.out << r_.err;                    \
+#define EXPECT_RUNS(result)                         \
+  do {                                              \
+    const CommandResult& r_ = (result);             \
+    ASSERT_EQ(r_.exit_code, 0) << r_.out << r_.err; \
   } while (0)
 
-// A qcow2 image spec for the parameter lists.
-testing::QemuImageSpec Spec(const char* compat, uint32_t cluster_size,
-                            bool extended_l2 = false) {
-  testing::QemuImageSpec spec;
-  spec.compat = compat;
-  spec.cluster_size = cluster_size;
-  spec.extended_l2 = extended_l2;
-  return spec;
-}
+using testing::Qcow2Spec;
 
 constexpr uint64_t kSize = 8 << 20;
 // A cluster written compressed (qemu-io writes those only where nothing is
@@ -88,8 +80,7 @@ class InteropSnapshotTest
     std::vector<std::string> cmds = {
         "write -P 0x11 0 96k",
         absl::StrCat("write -c -P 0x22 ", kCompressedAt, " ", cs),
-        "write -P 0x33 1m 200k", "write -z 1100k 64k",
-        "write -P 0x34 7m 300k"};
+        "write -P 0x33 1m 200k", "write -z 1100k 64k", "write -P 0x34 7m 300k"};
     ASSERT_OK(testing::QemuIo(ours_, cmds));
     ASSERT_OK_AND_ASSIGN(auto bytes, testing::ReadFileBytes(ours_));
     ASSERT_OK(testing::WriteFileBytes(theirs_, bytes));
@@ -136,12 +127,12 @@ class InteropSnapshotTest
     ASSERT_OK_AND_ASSIGN(auto list, Names(theirs_));
     for (const std::string& id : list) {
       const std::string a = dir_.File("a.raw"), b = dir_.File("b.raw");
-      EXPECT_RUNS(QemuImg({"convert", "-U", "-l",
-                           absl::StrCat("snapshot.id=", id), "-O", "raw",
-                           ours_, a}));
-      EXPECT_RUNS(QemuImg({"convert", "-U", "-l",
-                           absl::StrCat("snapshot.id=", id), "-O", "raw",
-                           theirs_, b}));
+      EXPECT_RUNS(
+          QemuImg({"convert", "-U", "-l", absl::StrCat("snapshot.id=", id),
+                   "-O", "raw", ours_, a}));
+      EXPECT_RUNS(
+          QemuImg({"convert", "-U", "-l", absl::StrCat("snapshot.id=", id),
+                   "-O", "raw", theirs_, b}));
       ASSERT_OK_AND_ASSIGN(auto da, testing::ReadFileBytes(a));
       ASSERT_OK_AND_ASSIGN(auto db, testing::ReadFileBytes(b));
       EXPECT_TRUE(da == db) << "snapshot id " << id << " differs";
@@ -172,7 +163,7 @@ TEST_P(InteropSnapshotTest, CreateApplyDeleteLikeQemu) {
   // Writes after the snapshot (in place for QEMU's owned clusters, copied
   // for shared ones) leave s1 as it was.
   WriteBoth(0, 4096, 0x41);
-  WriteBoth(kCompressedAt + 512, 1024, 0x42);  // the compressed cluster
+  WriteBoth(kCompressedAt + 512, 1024, 0x42);         // the compressed cluster
   WriteBoth(3 << 20, 128 << 10, 0x43, /*cli=*/true);  // fresh clusters
   ExpectSameAsQemu("after writes over s1");
   SnapshotBoth("-c", "s2");
@@ -310,8 +301,8 @@ TEST_P(InteropSnapshotTest, MalformedSnapshotsAreRefusedUntouched) {
   const uint64_t table = internal::LoadBE64(&good[64]);
   struct Case {
     const char* what;
-    uint64_t at;      // byte to patch (from the table's start)
-    uint64_t value;   // big-endian u64 written there
+    uint64_t at;     // byte to patch (from the table's start)
+    uint64_t value;  // big-endian u64 written there
     const char* says;
   };
   const Case cases[] = {
@@ -323,7 +314,8 @@ TEST_P(InteropSnapshotTest, MalformedSnapshotsAreRefusedUntouched) {
     SCOPED_TRACE(c.what);
     std::vector<uint8_t> bad = good;
     if (c.at == 8) {
-      internal::StoreBE32(&bad[table + 8], static_cast<uint32_t>(c.value >> 32));
+      internal::StoreBE32(&bad[table + 8],
+                          static_cast<uint32_t>(c.value >> 32));
     } else {
       internal::StoreBE64(&bad[table + c.at], c.value);
     }
@@ -331,8 +323,7 @@ TEST_P(InteropSnapshotTest, MalformedSnapshotsAreRefusedUntouched) {
     for (const char* flag : {"-a", "-d"}) {
       CommandResult r = Qcowtool({"snapshot", flag, "s1", ours_});
       EXPECT_EQ(r.exit_code, 2) << r.err;
-      EXPECT_NE(r.err.find("snapshot 's1' (id 1)"), std::string::npos)
-          << r.err;
+      EXPECT_NE(r.err.find("snapshot 's1' (id 1)"), std::string::npos) << r.err;
       EXPECT_NE(r.err.find(c.says), std::string::npos) << r.err;
       ASSERT_OK_AND_ASSIGN(auto after, testing::ReadFileBytes(ours_));
       EXPECT_TRUE(after == bad) << flag << " wrote to a refused image";
@@ -348,12 +339,14 @@ TEST_P(InteropSnapshotTest, MalformedSnapshotsAreRefusedUntouched) {
   EXPECT_NE(r.err.find("snapshot table"), std::string::npos) << r.err;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Configs, InteropSnapshotTest,
-    ::testing::Values(Spec("1.1", 65536), Spec("1.1", 4096),
-                      Spec("0.10", 65536), Spec("0.10", 512),
-                      Spec("1.1", 65536, true), Spec("1.1", 32768, true)),
-    [](const auto& info) { return info.param.Token(); });
+INSTANTIATE_TEST_SUITE_P(Configs, InteropSnapshotTest,
+                         ::testing::Values(Qcow2Spec("1.1", 65536),
+                                           Qcow2Spec("1.1", 4096),
+                                           Qcow2Spec("0.10", 65536),
+                                           Qcow2Spec("0.10", 512),
+                                           Qcow2Spec("1.1", 65536, true),
+                                           Qcow2Spec("1.1", 32768, true)),
+                         [](const auto& info) { return info.param.Token(); });
 
 }  // namespace
 }  // namespace qcow2

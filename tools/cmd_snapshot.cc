@@ -104,8 +104,8 @@ int ParseArgs(int argc, char** argv, SnapshotArgs* args) {
   };
   ResetGetopt();
   int c;
-  while ((c = getopt_long(argc, argv, "o:F:f:qUlc:a:d:h", kOptions,
-                          nullptr)) != -1) {
+  while ((c = getopt_long(argc, argv, "o:F:f:qUlc:a:d:h", kOptions, nullptr)) !=
+         -1) {
     switch (c) {
       case 'h':
         return PrintHelp(Usage());
@@ -240,9 +240,9 @@ int RunInternal(const SnapshotArgs& args) {
   auto image = Image::Open(args.image, opts);
   if (!image.ok()) return ReportError(image.status());
   auto failed = [&](const char* verb, const absl::Status& s) {
-    return ReportError(absl::Status(
-        s.code(), absl::StrCat("Could not ", verb, " snapshot '", args.name,
-                               "': ", s.message())));
+    return ReportError(
+        absl::Status(s.code(), absl::StrCat("Could not ", verb, " snapshot '",
+                                            args.name, "': ", s.message())));
   };
   absl::Status st;
   switch (args.action) {

@@ -152,16 +152,14 @@ std::string SnapshotLine(const SnapshotInfo* sn) {
   char clock_buf[64];
   std::snprintf(clock_buf, sizeof clock_buf, "%02d:%02d:%02d.%03d",
                 static_cast<int>(secs / 3600),
-                static_cast<int>((secs / 60) % 60),
-                static_cast<int>(secs % 60),
+                static_cast<int>((secs / 60) % 60), static_cast<int>(secs % 60),
                 static_cast<int>((sn->vm_clock_nsec / 1000000) % 1000));
   const std::string icount =
       sn->icount ? std::to_string(static_cast<int64_t>(*sn->icount)) : "";
   // The id and the name as C strings, as QEMU prints them.
-  return absl::StrCat(
-      absl::StrFormat("%-9s %-16s %8s%20s%13s%11s", sn->id.c_str(),
-                      sn->name.c_str(), FormatSize(sn->vm_state_size),
-                      date_buf, clock_buf, icount));
+  return absl::StrCat(absl::StrFormat(
+      "%-9s %-16s %8s%20s%13s%11s", sn->id.c_str(), sn->name.c_str(),
+      FormatSize(sn->vm_state_size), date_buf, clock_buf, icount));
 }
 
 }  // namespace

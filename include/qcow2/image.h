@@ -57,8 +57,8 @@ struct BlockStatus {
 // One internal snapshot, as `qemu-img snapshot -l` lists it (QEMU's
 // SnapshotInfo).
 struct SnapshotInfo {
-  std::string id;    // unique in the image; QEMU picks "1", "2", ...
-  std::string name;  // need not be unique
+  std::string id;              // unique in the image; QEMU picks "1", "2", ...
+  std::string name;            // need not be unique
   uint64_t vm_state_size = 0;  // bytes of saved VM state (0: disk only)
   uint32_t date_sec = 0;       // when it was taken (Unix time)
   uint32_t date_nsec = 0;

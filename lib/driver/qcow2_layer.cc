@@ -10,9 +10,9 @@
 #include "lib/base/io_context.h"
 #include "lib/base/math.h"
 #include "lib/base/status_macros.h"
-#include "lib/format/entries.h"
 #include "lib/driver/check.h"
 #include "lib/driver/snapshots.h"
+#include "lib/format/entries.h"
 
 namespace qcow2::internal {
 

@@ -95,9 +95,10 @@ class SnapshotOps {
           absl::StrCat(name_, " is not open for writing"));
     }
     if (layer_->header().incompatible_features & kIncompatDataFile) {
-      return absl::UnimplementedError(absl::StrCat(
-          name_, ": internal snapshots of an image with an external data "
-                 "file are not supported (nor are they in QEMU)"));
+      return absl::UnimplementedError(
+          absl::StrCat(name_,
+                       ": internal snapshots of an image with an external data "
+                       "file are not supported (nor are they in QEMU)"));
     }
     RETURN_IF_ERROR(layer_->header_writer().PrepareWrite());
     RETURN_IF_ERROR(layer_->flusher().Flush());
@@ -130,17 +131,17 @@ class SnapshotOps {
       const uint64_t table = l1[i] & kEntryOffsetMask;
       if ((l1[i] & kL1ReservedMask) ||
           (table != 0 && !Inside(table, g_.cluster_size, true))) {
-        return Corrupt(sn, absl::StrFormat("L1 entry %d (0x%016x) is invalid",
-                                           i, l1[i]));
+        return Corrupt(
+            sn, absl::StrFormat("L1 entry %d (0x%016x) is invalid", i, l1[i]));
       }
       if (table == 0) continue;
       RETURN_IF_ERROR(ForEachEntry(table, [&](L2Ref& ref) -> absl::Status {
         uint64_t off = 0, len = 0;
         if (!DataRange(ref.entry(), &off, &len)) {
-          return Corrupt(sn, absl::StrFormat(
-                                 "L2 entry 0x%016x in the table at 0x%x is "
-                                 "invalid",
-                                 ref.entry(), table));
+          return Corrupt(
+              sn, absl::StrFormat("L2 entry 0x%016x in the table at 0x%x is "
+                                  "invalid",
+                                  ref.entry(), table));
         }
         return absl::OkStatus();
       }));
@@ -224,8 +225,8 @@ class SnapshotOps {
         ASSIGN_OR_RETURN(uint64_t rc, refs_->Get(table >> g_.cluster_bits));
         owned = rc == 1;
       }
-      const uint64_t want = owned ? (l1[i] | kOflagCopied)
-                                  : (l1[i] & ~kOflagCopied);
+      const uint64_t want =
+          owned ? (l1[i] | kOflagCopied) : (l1[i] & ~kOflagCopied);
       if (want != l1[i]) map_.SetL1(i, want);
     }
     return WriteL1(map_.l1(), map_.l1_offset());
@@ -272,8 +273,7 @@ class SnapshotOps {
     const uint64_t old_offset = h.snapshots_offset;
     h.nb_snapshots = static_cast<uint32_t>(entries.size());
     h.snapshots_offset = offset;
-    if (absl::Status s = layer_->header_writer().WriteHeaderFields();
-        !s.ok()) {
+    if (absl::Status s = layer_->header_writer().WriteHeaderFields(); !s.ok()) {
       h = saved;  // the new table leaks at most
       return s;
     }
@@ -411,8 +411,8 @@ absl::StatusOr<SnapshotEntry> CreateSnapshot(Qcow2Layer* layer,
   for (const SnapshotEntry& other : table.entries) {
     if (other.id == e.id) {
       return absl::AlreadyExistsError(
-          absl::StrCat(layer->filename(), ": cannot create snapshot '",
-                       sn.name, "': id ", e.id, " is in use"));
+          absl::StrCat(layer->filename(), ": cannot create snapshot '", sn.name,
+                       "': id ", e.id, " is in use"));
     }
   }
   e.name = sn.name;
@@ -461,10 +461,9 @@ absl::Status ApplySnapshot(Qcow2Layer* layer, const std::string& key) {
   const uint64_t needed =
       RequiredL1Entries(sn.disk_size, g.cluster_bits, g.entry_size);
   if (needed * 8 > kMaxL1Bytes || sn.disk_size % 512 != 0) {
-    return absl::DataLossError(
-        absl::StrCat(layer->filename(), ": snapshot '", sn.name,
-                     "' records a disk size of ", sn.disk_size,
-                     " bytes, which this format cannot map"));
+    return absl::DataLossError(absl::StrCat(
+        layer->filename(), ": snapshot '", sn.name, "' records a disk size of ",
+        sn.disk_size, " bytes, which this format cannot map"));
   }
   ASSIGN_OR_RETURN(std::vector<uint64_t> sn_l1, ops.ReadL1(sn));
   RETURN_IF_ERROR(ops.CheckTree(sn, sn_l1));
@@ -485,8 +484,7 @@ absl::Status ApplySnapshot(Qcow2Layer* layer, const std::string& key) {
     h.l1_table_offset = l1_offset;
     h.l1_size = static_cast<uint32_t>(l1.size());
     h.size = sn.disk_size;
-    if (absl::Status s = layer->header_writer().WriteHeaderFields();
-        !s.ok()) {
+    if (absl::Status s = layer->header_writer().WriteHeaderFields(); !s.ok()) {
       h = saved;  // the new L1 table and the raised refcounts leak
       return s;
     }

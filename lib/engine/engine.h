@@ -112,8 +112,7 @@ class Engine {
   absl::StatusOr<SnapshotEntry> CreateSnapshot(const NewSnapshot& sn)
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status ApplySnapshot(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status DeleteSnapshot(const std::string& key)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status DeleteSnapshot(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t size() const ABSL_LOCKS_EXCLUDED(mu_);
   int length() const ABSL_LOCKS_EXCLUDED(mu_);
   bool writable() const { return writable_; }

@@ -16,9 +16,10 @@ absl::StatusOr<Qcow2Layer*> Engine::SnapshotTarget(const std::string& what) {
   RETURN_IF_ERROR(chain_->CheckWritable());
   Qcow2Layer* top = chain_->top_qcow2();
   if (top == nullptr) {
-    return absl::UnimplementedError(absl::StrCat(
-        chain_->filename(), ": ", what, ": internal snapshots need a qcow2 "
-        "image"));
+    return absl::UnimplementedError(
+        absl::StrCat(chain_->filename(), ": ", what,
+                     ": internal snapshots need a qcow2 "
+                     "image"));
   }
   if (size_t queues = stats_.live_sources(); queues > 0) {
     return absl::FailedPreconditionError(
@@ -31,8 +32,7 @@ absl::StatusOr<Qcow2Layer*> Engine::SnapshotTarget(const std::string& what) {
 
 absl::StatusOr<std::vector<SnapshotEntry>> Engine::ListSnapshots() const {
   EngineLock lock(&mu_);
-  RETURN_IF_ERROR(chain_->closed() ? chain_->ClosedError()
-                                   : absl::OkStatus());
+  RETURN_IF_ERROR(chain_->closed() ? chain_->ClosedError() : absl::OkStatus());
   Qcow2Layer* top = chain_->top_qcow2();
   if (top == nullptr) {
     return absl::UnimplementedError(absl::StrCat(

@@ -54,10 +54,10 @@ absl::StatusOr<DecodedSnapshotTable> DecodeSnapshotTable(
     e.vm_state_size = LoadBE32(fixed + 32);
     e.extra_data_size = LoadBE32(fixed + 36);
     if (e.extra_data_size > kMaxSnapshotExtraData) {
-      return TableError(
-          filename, absl::StrCat("entry ", i, " has ", e.extra_data_size,
-                                 " bytes of extra data (at most ",
-                                 kMaxSnapshotExtraData, ")"));
+      return TableError(filename,
+                        absl::StrCat("entry ", i, " has ", e.extra_data_size,
+                                     " bytes of extra data (at most ",
+                                     kMaxSnapshotExtraData, ")"));
     }
     // Extra data, id and name in one read.
     std::vector<uint8_t> rest(size_t{e.extra_data_size} + id_len + name_len);
@@ -91,10 +91,9 @@ absl::Status AppendSnapshotEntry(const SnapshotEntry& e,
   }
   const uint64_t extra = kSnapshotKnownExtra + e.unknown_extra.size();
   if (extra > kMaxSnapshotExtraData) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("snapshot '", e.name, "': ", extra,
-                     " bytes of extra data (at most ", kMaxSnapshotExtraData,
-                     ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "snapshot '", e.name, "': ", extra, " bytes of extra data (at most ",
+        kMaxSnapshotExtraData, ")"));
   }
   table->resize(AlignUp(table->size(), 8), 0);
   uint8_t fixed[kSnapshotHeaderSize];

@@ -113,6 +113,15 @@ void PrintTo(const QemuImageSpec& spec, std::ostream* os) {
   *os << spec.Token();
 }
 
+QemuImageSpec Qcow2Spec(const std::string& compat, uint32_t cluster_size,
+                        bool extended_l2) {
+  QemuImageSpec spec;
+  spec.compat = compat;
+  spec.cluster_size = cluster_size;
+  spec.extended_l2 = extended_l2;
+  return spec;
+}
+
 std::string QemuImageSpec::Token() const {
   if (format != "qcow2") return format;
   std::string t = absl::StrCat("c", SizeToken(cluster_size), "_rb",

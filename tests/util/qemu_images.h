@@ -32,9 +32,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "tests/util/json_lite.h"
-
 #include "testing/rng.h"
+#include "tests/util/json_lite.h"
 
 namespace qcow2::testing {
 
@@ -74,6 +73,11 @@ struct QemuImageSpec {
 
 // gtest prints a spec parameter as its Token().
 void PrintTo(const QemuImageSpec& spec, std::ostream* os);
+
+// A qcow2 spec with the given compat ("0.10" or "1.1"), cluster size and
+// extended L2 (size 0: the test sets it).
+QemuImageSpec Qcow2Spec(const std::string& compat, uint32_t cluster_size,
+                        bool extended_l2 = false);
 
 // The argv of `qemu-img create` for `spec`.
 std::vector<std::string> QemuCreateArgv(const std::string& path,
