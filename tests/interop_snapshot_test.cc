@@ -291,6 +291,16 @@ TEST_P(InteropSnapshotTest, ErrorsNameImageAndSnapshot) {
   ASSERT_OK(img->Close());
   CommandResult check = testing::QemuCheck(ours_);
   EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
+  // Applying refuses an image with persistent bitmaps (v3 only), as
+  // qemu-img does.
+  if (GetParam().compat != "0.10") {
+    EXPECT_RUNS(QemuImg({"snapshot", "-c", "before-bitmap", ours_}));
+    EXPECT_RUNS(QemuImg({"bitmap", "--add", "--disable", ours_, "b0"}));
+    r = Qcowtool({"snapshot", "-a", "before-bitmap", ours_});
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find("persistent bitmaps"), std::string::npos) << r.err;
+    EXPECT_NE(QemuImg({"snapshot", "-a", "before-bitmap", ours_}).exit_code, 0);
+  }
   // The external overlay form still works.
   EXPECT_RUNS(Qcowtool({"snapshot", "-q", ours_, dir_.File("over.qcow2")}));
 }

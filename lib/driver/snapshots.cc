@@ -465,14 +465,13 @@ absl::Status ApplySnapshot(Qcow2Layer* layer, const std::string& key) {
         layer->filename(), ": snapshot '", sn.name, "' records a disk size of ",
         sn.disk_size, " bytes, which this format cannot map"));
   }
-  if (sn.disk_size != layer->header().size &&
-      (layer->header().autoclear_features & kAutoclearBitmaps)) {
-    // The bitmaps would have to be resized with the disk.
-    return absl::UnimplementedError(absl::StrCat(
-        layer->filename(), ": snapshot '", sn.name, "' has a disk size of ",
-        sn.disk_size, " bytes, not ", layer->header().size,
-        "; applying it to an image with persistent bitmaps is not "
-        "supported"));
+  // QEMU refuses while the image has persistent bitmaps (enabled or not):
+  // they would no longer describe the disk.
+  if (!layer->bitmaps().List().empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        layer->filename(), ": snapshot '", sn.name,
+        "' cannot be applied: the image has persistent bitmaps (as in "
+        "QEMU: \"Device has active dirty bitmaps\")"));
   }
   ASSIGN_OR_RETURN(std::vector<uint64_t> sn_l1, ops.ReadL1(sn));
   RETURN_IF_ERROR(ops.CheckTree(sn, sn_l1));
