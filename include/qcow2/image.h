@@ -13,7 +13,8 @@
 // are ordered (see qcow2/queue.h for the full contract, which the
 // synchronous calls share: each is a request on a per-thread queue that
 // runs its I/O synchronously). Close(), Resize() and CreateOverlay() must
-// not race with requests in flight on any Queue.
+// not race with requests in flight on any Queue; CreateSnapshot(),
+// ApplySnapshot() and DeleteSnapshot() need every Queue destroyed.
 #ifndef QCOW2_IMAGE_H_
 #define QCOW2_IMAGE_H_
 
