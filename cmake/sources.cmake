@@ -28,6 +28,7 @@ set(QCOW2_LIB_SOURCES
   ${PROJECT_SOURCE_DIR}/lib/driver/metadata_guard.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/pending_clusters.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/qcow2_layer.cc
+  ${PROJECT_SOURCE_DIR}/lib/driver/snapshots.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/write_planner.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/write_planner_alloc.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/write_planner_grow.cc
@@ -35,6 +36,7 @@ set(QCOW2_LIB_SOURCES
   ${PROJECT_SOURCE_DIR}/lib/engine/engine.cc
   ${PROJECT_SOURCE_DIR}/lib/engine/engine_fill.cc
   ${PROJECT_SOURCE_DIR}/lib/engine/engine_ops.cc
+  ${PROJECT_SOURCE_DIR}/lib/engine/engine_snapshots.cc
   ${PROJECT_SOURCE_DIR}/lib/engine/engine_plan.cc
   ${PROJECT_SOURCE_DIR}/lib/engine/flush_group.cc
   ${PROJECT_SOURCE_DIR}/lib/engine/miss_table.cc
@@ -45,6 +47,7 @@ set(QCOW2_LIB_SOURCES
   ${PROJECT_SOURCE_DIR}/lib/format/bitmaps.cc
   ${PROJECT_SOURCE_DIR}/lib/format/compress.cc
   ${PROJECT_SOURCE_DIR}/lib/format/header.cc
+  ${PROJECT_SOURCE_DIR}/lib/format/snapshot_table.cc
   ${PROJECT_SOURCE_DIR}/lib/io/accounted_file.cc
   ${PROJECT_SOURCE_DIR}/lib/io/file.cc
   ${PROJECT_SOURCE_DIR}/lib/io/file_lock.cc

@@ -1217,12 +1217,21 @@ TEST(SnapshotTest, Errors) {
   EXPECT_OK(
       QemuIo(existing, {absl::StrCat("read -P ", kBasePattern, " 0 1M")}));
 
+  // Internal snapshots (tests/interop_snapshot_test.cc has the rest).
   r = Tool({"snapshot", "-l", base});
-  EXPECT_EQ(r.exit_code, 2) << Describe(r);
-  EXPECT_EQ(r.err, "qcowtool: internal snapshots are not supported yet\n");
+  EXPECT_EQ(r.exit_code, 0) << Describe(r);
+  EXPECT_EQ(r.out, "");
   r = Tool({"snapshot", "-c", "before-upgrade", base});
+  EXPECT_EQ(r.exit_code, 0) << Describe(r);
+  r = Tool({"snapshot", "-l", "-d", "x", base});
+  EXPECT_EQ(r.exit_code, 1) << Describe(r);
+  EXPECT_TRUE(absl::StrContains(r.err, "Cannot mix")) << r.err;
+  r = Tool({"snapshot", "-a", "missing", base});
   EXPECT_EQ(r.exit_code, 2) << Describe(r);
-  EXPECT_EQ(r.err, "qcowtool: internal snapshots are not supported yet\n");
+  EXPECT_TRUE(absl::StrContains(r.err, "Could not apply snapshot 'missing'"))
+      << r.err;
+  r = Tool({"snapshot", "-d", "before-upgrade", base});
+  EXPECT_EQ(r.exit_code, 0) << Describe(r);
 
   r = Tool({"snapshot", dir.File("nothere.qcow2"), dir.File("o.qcow2")});
   EXPECT_EQ(r.exit_code, 2) << Describe(r);

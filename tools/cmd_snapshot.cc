@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// qcowtool snapshot: an external snapshot, i.e. a new qcow2 overlay whose
-// backing file is the image. Internal snapshots (qemu-img snapshot -l/-c/
-// -a/-d) are reserved for later.
+// qcowtool snapshot: internal snapshots as `qemu-img snapshot -l/-c/-a/-d`
+// makes them, or (with two file names and none of those flags) an external
+// snapshot, i.e. a new qcow2 overlay whose backing file is the image.
 #include <getopt.h>
+#include <stdio.h>
 #include <sys/stat.h>
 
 #include <filesystem>
@@ -16,8 +17,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "qcow2/image.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
+#include "tools/image_info.h"
 
 namespace qcow2::tool {
 
@@ -28,17 +31,31 @@ int RunCreateWithUsage(int argc, char** argv, const std::string& usage);
 namespace {
 
 constexpr char kUsage[] =
-    "usage: qcowtool snapshot [-q] [-o OPTIONS] [-F FMT] [--no-extended-l2]\n"
+    "usage: qcowtool snapshot [-q] [-f FMT] [-U] -l IMAGE\n"
+    "       qcowtool snapshot [-q] [-f FMT] -c NAME | -a NAME | -d NAME IMAGE\n"
+    "       qcowtool snapshot [-q] [-o OPTIONS] [-F FMT] [--no-extended-l2]\n"
     "                         IMAGE OVERLAY\n"
-    "       qcowtool snapshot -l IMAGE | -c NAME IMAGE | -a NAME IMAGE |\n"
-    "                         -d NAME IMAGE      (not supported yet)\n"
     "\n"
-    "Takes an external snapshot of IMAGE: creates the qcow2 image OVERLAY\n"
-    "(which must not exist) backed by IMAGE; from then on writes go to\n"
-    "OVERLAY and IMAGE stays as it was. OVERLAY records IMAGE by its bare\n"
-    "name when both are in the same directory, else by its absolute path,\n"
-    "and IMAGE's format (probed unless -F is given). The size is IMAGE's\n"
-    "unless -o size= says otherwise.\n"
+    "With -l, -c, -a or -d: the internal snapshots of the qcow2 IMAGE, as\n"
+    "'qemu-img snapshot' handles them (the same table, refcounts and\n"
+    "listing, readable by QEMU):\n"
+    "  -l          list them (ID, TAG, VM SIZE, DATE, VM CLOCK, ICOUNT)\n"
+    "  -c NAME     create one named NAME (at most 255 bytes; names may\n"
+    "              repeat; the id is one more than the largest)\n"
+    "  -a NAME     apply (revert to) the snapshot whose id, else whose\n"
+    "              name, is NAME\n"
+    "  -d NAME     delete the first snapshot named NAME\n"
+    "  -f FMT      format of IMAGE (qcow2)\n"
+    "  -U, --force-share\n"
+    "              with -l: list while another process has IMAGE open\n"
+    "The backing file is not opened.\n"
+    "\n"
+    "Otherwise: takes an external snapshot of IMAGE: creates the qcow2\n"
+    "image OVERLAY (which must not exist) backed by IMAGE; from then on\n"
+    "writes go to OVERLAY and IMAGE stays as it was. OVERLAY records\n"
+    "IMAGE by its bare name when both are in the same directory, else by\n"
+    "its absolute path, and IMAGE's format (probed unless -F is given).\n"
+    "The size is IMAGE's unless -o size= says otherwise.\n"
     "\n"
     "OVERLAY gets extended L2 entries (subcluster allocation) unless -o\n"
     "says otherwise or its cluster size is below 16k: a small write into it\n"
@@ -54,9 +71,6 @@ constexpr char kUsage[] =
     "              standard L2 entries (for QEMU before 5.2)\n"
     "  -F FMT      format of IMAGE: qcow2 or raw (default: probe)\n"
     "  -q          do not print the \"Formatting ...\" line\n"
-    "  -l, -c, -a, -d\n"
-    "              internal snapshots (list, create, apply, delete), as in\n"
-    "              'qemu-img snapshot': reserved, they fail with exit 2\n"
     "  -h, --help  show this help\n"
     "\n";
 
@@ -65,8 +79,12 @@ std::string Usage() { return std::string(kUsage) + kExitStatusHelp; }
 struct SnapshotArgs {
   std::vector<std::string> option_lists;
   std::string backing_format;
+  std::string format;  // -f: IMAGE's own format (internal snapshots)
   bool quiet = false;
   bool internal = false;  // -l, -c, -a or -d
+  char action = 0;        // 'l', 'c', 'a' or 'd'
+  std::string name;       // the argument of -c, -a or -d
+  OpenPolicy policy;      // -U
   bool no_extended_l2 = false;
   std::string image;
   std::string overlay;
@@ -80,11 +98,13 @@ int ParseArgs(int argc, char** argv, SnapshotArgs* args) {
       {"backing-format", required_argument, nullptr, 'F'},
       {"quiet", no_argument, nullptr, 'q'},
       {"no-extended-l2", no_argument, nullptr, 'X'},
+      {"format", required_argument, nullptr, 'f'},
+      {"force-share", no_argument, nullptr, 'U'},
       {nullptr, 0, nullptr, 0},
   };
   ResetGetopt();
   int c;
-  while ((c = getopt_long(argc, argv, "o:F:qlc:a:d:h", kOptions, nullptr)) !=
+  while ((c = getopt_long(argc, argv, "o:F:f:qUlc:a:d:h", kOptions, nullptr)) !=
          -1) {
     switch (c) {
       case 'h':
@@ -104,13 +124,25 @@ int ParseArgs(int argc, char** argv, SnapshotArgs* args) {
       case 'X':
         args->no_extended_l2 = true;
         break;
+      case 'f':
+        if (auto s = CheckImageFormat(optarg); !s.ok()) {
+          return UsageError(Usage(), s.message());
+        }
+        args->format = optarg;
+        break;
       case 'l':
       case 'c':
       case 'a':
       case 'd':
+        if (args->internal) {
+          return UsageError(Usage(), "Cannot mix '-l', '-a', '-c', '-d'");
+        }
         args->internal = true;
+        args->action = static_cast<char>(c);
+        if (c != 'l') args->name = optarg;
         break;
       default:
+        if (args->policy.Take(c, optarg)) break;
         return UsageError(Usage(), "");
     }
   }
@@ -128,8 +160,16 @@ int ParseArgs(int argc, char** argv, SnapshotArgs* args) {
   }
   if (args->internal) {
     if (rest.size() != 1) return UsageError(Usage(), "expecting one image");
+    if (args->policy.force_share && args->action != 'l') {
+      return UsageError(Usage(),
+                        "-U (force share) can only be used with -l: the "
+                        "other operations write IMAGE");
+    }
     args->image = rest[0];
     return -1;
+  }
+  if (!args->format.empty() || args->policy.force_share) {
+    return UsageError(Usage(), "-f and -U go with -l, -c, -a or -d");
   }
   if (rest.size() < 2) {
     return UsageError(Usage(), "expecting an image and an overlay name");
@@ -190,6 +230,64 @@ bool DefaultExtendedL2(const SnapshotArgs& args) {
   return true;
 }
 
+// `qemu-img snapshot -l/-c/-a/-d IMAGE`, with qemu-img's messages.
+int RunInternal(const SnapshotArgs& args) {
+  OpenOptions opts;
+  opts.format = args.format;
+  opts.open_backing = false;  // qemu-img: BDRV_O_NO_BACKING
+  opts.read_write = args.action != 'l';
+  args.policy.ApplyTo(&opts);
+  auto image = Image::Open(args.image, opts);
+  if (!image.ok()) return ReportError(image.status());
+  auto failed = [&](const char* verb, const absl::Status& s) {
+    return ReportError(
+        absl::Status(s.code(), absl::StrCat("Could not ", verb, " snapshot '",
+                                            args.name, "': ", s.message())));
+  };
+  absl::Status st;
+  switch (args.action) {
+    case 'l': {
+      auto list = (*image)->ListSnapshots();
+      if (!list.ok()) return ReportError(list.status());
+      const std::string text = SnapshotListText(*list);
+      std::fwrite(text.data(), 1, text.size(), stdout);
+      break;
+    }
+    case 'c': {
+      // qemu-img keeps a name in 256 bytes, NUL included.
+      auto created = (*image)->CreateSnapshot(args.name.substr(0, 255));
+      if (!created.ok()) return failed("create", created.status());
+      break;
+    }
+    case 'a':
+      st = (*image)->ApplySnapshot(args.name);
+      if (!st.ok()) return failed("apply", st);
+      break;
+    case 'd': {
+      // qemu-img deletes the first snapshot with that name (ids do not
+      // count here, unlike for -a).
+      auto list = (*image)->ListSnapshots();
+      if (!list.ok()) return failed("delete", list.status());
+      const SnapshotInfo* found = nullptr;
+      for (const SnapshotInfo& sn : *list) {
+        if (sn.name == args.name) {
+          found = &sn;
+          break;
+        }
+      }
+      if (found == nullptr) {
+        return failed("delete", absl::NotFoundError("snapshot not found"));
+      }
+      st = (*image)->DeleteSnapshot(found->id);
+      if (!st.ok()) return failed("delete", st);
+      break;
+    }
+  }
+  st = (*image)->Close();
+  if (!st.ok()) return ReportError(st);
+  return std::fflush(stdout) == 0 ? kExitOk : kExitImageError;
+}
+
 }  // namespace
 
 int RunSnapshot(int argc, char** argv) {
@@ -212,10 +310,7 @@ int RunSnapshot(int argc, char** argv) {
     return RunCreateWithUsage(static_cast<int>(cargv.size()) - 1, cargv.data(),
                               Usage());
   }
-  if (args.internal) {
-    return ReportError(
-        absl::UnimplementedError("internal snapshots are not supported yet"));
-  }
+  if (args.internal) return RunInternal(args);
 
   struct stat st;
   if (lstat(args.overlay.c_str(), &st) == 0) {

@@ -2,11 +2,13 @@
 #include "tools/image_info.h"
 
 #include <cstdio>
+#include <ctime>
 #include <memory>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "lib/driver/bitmaps.h"
 #include "lib/driver/qcow2_layer.h"
 #include "tools/cli_util.h"
@@ -132,7 +134,57 @@ std::string FullBackingName(const ImageFacts& f) {
   return QemuPathCombine(f.name, f.info.backing_file);
 }
 
+// One line of QEMU's bdrv_snapshot_dump(); null for the column header.
+std::string SnapshotLine(const SnapshotInfo* sn) {
+  char line[512];
+  if (sn == nullptr) {
+    std::snprintf(line, sizeof line, "%-10s%-17s%8s%20s%13s%11s", "ID", "TAG",
+                  "VM SIZE", "DATE", "VM CLOCK", "ICOUNT");
+    return line;
+  }
+  const time_t date = sn->date_sec;
+  struct tm tm;
+  char date_buf[64] = "";
+  if (localtime_r(&date, &tm) != nullptr) {
+    std::strftime(date_buf, sizeof date_buf, "%Y-%m-%d %H:%M:%S", &tm);
+  }
+  const uint64_t secs = sn->vm_clock_nsec / 1000000000;
+  char clock_buf[64];
+  std::snprintf(clock_buf, sizeof clock_buf, "%02d:%02d:%02d.%03d",
+                static_cast<int>(secs / 3600),
+                static_cast<int>((secs / 60) % 60), static_cast<int>(secs % 60),
+                static_cast<int>((sn->vm_clock_nsec / 1000000) % 1000));
+  const std::string icount =
+      sn->icount ? std::to_string(static_cast<int64_t>(*sn->icount)) : "";
+  // The id and the name as C strings, as QEMU prints them.
+  return absl::StrCat(absl::StrFormat(
+      "%-9s %-16s %8s%20s%13s%11s", sn->id.c_str(), sn->name.c_str(),
+      FormatSize(sn->vm_state_size), date_buf, clock_buf, icount));
+}
+
 }  // namespace
+
+std::string SnapshotListText(const std::vector<SnapshotInfo>& snapshots) {
+  if (snapshots.empty()) return "";
+  std::string out = "Snapshot list:\n" + SnapshotLine(nullptr) + "\n";
+  for (const SnapshotInfo& sn : snapshots) {
+    absl::StrAppend(&out, SnapshotLine(&sn), "\n");
+  }
+  return out;
+}
+
+Json SnapshotJson(const SnapshotInfo& sn) {
+  Json j = Json::Object();
+  j.Set("id", Json::String(sn.id));
+  j.Set("name", Json::String(sn.name));
+  j.Set("vm-state-size", Json::Uint(sn.vm_state_size));
+  j.Set("date-sec", Json::Uint(sn.date_sec));
+  j.Set("date-nsec", Json::Uint(sn.date_nsec));
+  j.Set("vm-clock-sec", Json::Uint(sn.vm_clock_nsec / 1000000000));
+  j.Set("vm-clock-nsec", Json::Uint(sn.vm_clock_nsec % 1000000000));
+  if (sn.icount) j.Set("icount", Json::Uint(*sn.icount));
+  return j;
+}
 
 Json ImageInfoJson(const ImageFacts& f) {
   const LayerInfo& info = f.info;
@@ -151,8 +203,12 @@ Json ImageInfoJson(const ImageFacts& f) {
       j.Set("backing-filename-format", Json::String(info.backing_format));
     }
   }
-  if (info.snapshot_count > 0) {
-    j.Set("snapshots", Json::Uint(info.snapshot_count));
+  if (!info.snapshots.empty()) {
+    Json list = Json::Array();
+    for (const SnapshotInfo& sn : info.snapshots) {
+      list.Append(SnapshotJson(sn));
+    }
+    j.Set("snapshots", std::move(list));
   }
   if (qcow2) {
     Json spec = Json::Object();
@@ -186,9 +242,7 @@ std::string ImageInfoHuman(const ImageFacts& f) {
       absl::StrAppend(&out, "backing file format: ", info.backing_format, "\n");
     }
   }
-  if (info.snapshot_count > 0) {
-    absl::StrAppend(&out, "Snapshot count: ", info.snapshot_count, "\n");
-  }
+  out += SnapshotListText(info.snapshots);
   if (info.format == ImageFormat::kQcow2) {
     out.append("Format specific information:\n");
     DumpObject(Qcow2SpecificData(info), 1, &out);

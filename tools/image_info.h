@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "qcow2/image.h"
 #include "tools/json_writer.h"
@@ -21,14 +22,21 @@ struct ImageFacts {
 };
 
 // The object `qemu-img info --output=json` prints for the image (QEMU's
-// ImageInfo), except that "snapshots" is the number of internal snapshots
-// (present only when there are some) instead of their list.
+// ImageInfo), "snapshots" (present only when there are some) included.
 Json ImageInfoJson(const ImageFacts& facts);
 
 // The block `qemu-img info` prints ("image: ...", "file format: ...", ...),
-// each line ending in '\n'. Internal snapshots appear as one
-// "Snapshot count: N" line where qemu-img prints its snapshot table.
+// each line ending in '\n', the snapshot list included.
 std::string ImageInfoHuman(const ImageFacts& facts);
+
+// The internal snapshots as `qemu-img snapshot -l` prints them: "Snapshot
+// list:", the column header, one line per snapshot (dates in local time).
+// Empty for no snapshots.
+std::string SnapshotListText(const std::vector<SnapshotInfo>& snapshots);
+
+// One entry of the "snapshots" array of `qemu-img info --output=json`
+// (QEMU's SnapshotInfo; "icount" only when recorded).
+Json SnapshotJson(const SnapshotInfo& sn);
 
 }  // namespace qcow2::tool
 

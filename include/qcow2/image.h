@@ -13,7 +13,8 @@
 // are ordered (see qcow2/queue.h for the full contract, which the
 // synchronous calls share: each is a request on a per-thread queue that
 // runs its I/O synchronously). Close(), Resize() and CreateOverlay() must
-// not race with requests in flight on any Queue.
+// not race with requests in flight on any Queue; CreateSnapshot(),
+// ApplySnapshot() and DeleteSnapshot() need every Queue destroyed.
 #ifndef QCOW2_IMAGE_H_
 #define QCOW2_IMAGE_H_
 
@@ -54,6 +55,20 @@ struct BlockStatus {
   std::optional<uint64_t> host_offset;
 };
 
+// One internal snapshot, as `qemu-img snapshot -l` lists it (QEMU's
+// SnapshotInfo).
+struct SnapshotInfo {
+  std::string id;              // unique in the image; QEMU picks "1", "2", ...
+  std::string name;            // need not be unique
+  uint64_t vm_state_size = 0;  // bytes of saved VM state (0: disk only)
+  uint32_t date_sec = 0;       // when it was taken (Unix time)
+  uint32_t date_nsec = 0;
+  uint64_t vm_clock_nsec = 0;  // guest clock at the time
+  // Instruction count (record/replay); absent when the entry has none.
+  std::optional<uint64_t> icount;
+  uint64_t disk_size = 0;  // virtual size of the disk it holds
+};
+
 // Facts about one image file of a chain, for `info`.
 struct LayerInfo {
   std::string filename;  // path as opened
@@ -73,6 +88,9 @@ struct LayerInfo {
   uint64_t compatible_features = 0;
   uint64_t autoclear_features = 0;
   uint32_t snapshot_count = 0;
+  // The snapshot table (empty when it cannot be read; snapshot_count
+  // still gives the header's count).
+  std::vector<SnapshotInfo> snapshots;
   std::string backing_file;           // as stored in the header
   std::string backing_format;         // from the header extension, if any
   std::string full_backing_filename;  // resolved path of the backing file
@@ -176,6 +194,34 @@ class QCOW2_EXPORT Image {
 
   // Facts about each file of the chain, top first.
   std::vector<LayerInfo> GetChainInfo() const;
+
+  // --- Internal snapshots of the top image (qcow2 only), as `qemu-img
+  // snapshot` makes them. Create, apply and delete flush the image first
+  // and leave it flushed; their on-disk updates are ordered so that a
+  // power cut leaks clusters at most (docs/snapshots.md).
+  // REQUIRES (create, apply, delete): writable(), and no Queue open on the
+  // image (kFailedPrecondition otherwise) nor a synchronous call running.
+
+  // The snapshot table, in table order. kDataLoss for a malformed table;
+  // kUnimplemented when the top image is raw.
+  absl::StatusOr<std::vector<SnapshotInfo>> ListSnapshots() const;
+
+  // Takes a snapshot of the disk as it is now, named `name` (names may
+  // repeat, as in QEMU), with id `id` or, when empty, one more than the
+  // largest numeric id. Records the current time, a VM clock of 0 and an
+  // icount of 0, as qemu-img does. kAlreadyExists if `id` is in use;
+  // kOutOfRange past 65536 snapshots.
+  absl::StatusOr<SnapshotInfo> CreateSnapshot(const std::string& name,
+                                              const std::string& id = "");
+
+  // Reverts the disk to the snapshot whose id is `name_or_id`, else to the
+  // first whose name is (QEMU's lookup). The disk size becomes the
+  // snapshot's. kNotFound if none matches.
+  absl::Status ApplySnapshot(const std::string& name_or_id);
+
+  // Deletes the snapshot whose id is `name_or_id`, else the first whose
+  // name is, and frees what only it used. kNotFound if none matches.
+  absl::Status DeleteSnapshot(const std::string& name_or_id);
 
   // A new asynchronous queue on this image (see qcow2/queue.h). Fails on a
   // closed image.

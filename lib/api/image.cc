@@ -2,6 +2,8 @@
 // The public Image: a thin facade over internal::Engine.
 #include "qcow2/image.h"
 
+#include <chrono>
+
 #include "absl/strings/str_cat.h"
 #include "lib/base/status_macros.h"
 #include "lib/engine/engine.h"
@@ -112,6 +114,39 @@ absl::Status Image::CreateOverlay(const std::string& path,
 
 std::vector<LayerInfo> Image::GetChainInfo() const {
   return engine_->GetChainInfo();
+}
+
+absl::StatusOr<std::vector<SnapshotInfo>> Image::ListSnapshots() const {
+  ASSIGN_OR_RETURN(std::vector<internal::SnapshotEntry> entries,
+                   engine_->ListSnapshots());
+  std::vector<SnapshotInfo> out;
+  for (const internal::SnapshotEntry& e : entries) {
+    out.push_back(internal::ToSnapshotInfo(e));
+  }
+  return out;
+}
+
+absl::StatusOr<SnapshotInfo> Image::CreateSnapshot(const std::string& name,
+                                                   const std::string& id) {
+  // The date as qemu-img takes it: the real time to the microsecond.
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  const int64_t usec =
+      std::chrono::duration_cast<std::chrono::microseconds>(now).count();
+  internal::NewSnapshot sn;
+  sn.name = name;
+  sn.id = id;
+  sn.date_sec = static_cast<uint32_t>(usec / 1000000);
+  sn.date_nsec = static_cast<uint32_t>(usec % 1000000 * 1000);
+  ASSIGN_OR_RETURN(internal::SnapshotEntry e, engine_->CreateSnapshot(sn));
+  return internal::ToSnapshotInfo(e);
+}
+
+absl::Status Image::ApplySnapshot(const std::string& name_or_id) {
+  return engine_->ApplySnapshot(name_or_id);
+}
+
+absl::Status Image::DeleteSnapshot(const std::string& name_or_id) {
+  return engine_->DeleteSnapshot(name_or_id);
 }
 
 }  // namespace qcow2

@@ -25,6 +25,7 @@
 #include "lib/driver/check.h"
 #include "lib/format/entries.h"
 #include "lib/format/header.h"
+#include "lib/format/snapshot_table.h"
 
 namespace qcow2::internal::check_detail {
 
@@ -37,14 +38,6 @@ constexpr uint64_t kL1OffsetMask = kEntryOffsetMask;
 constexpr uint64_t kRefTableReservedMask = ~kRefTableOffsetMask;  // bits 0..8
 constexpr uint64_t kBitmapAllAlloc = 0xffffffffull;
 constexpr uint64_t kBitmapAllZero = 0xffffffff00000000ull;
-
-// Snapshot table limits (QEMU's QCOW_MAX_SNAPSHOT_EXTRA_DATA and
-// QCOW_MAX_SNAPSHOTS_SIZE).
-constexpr uint32_t kSnapshotHeaderSize = 40;
-constexpr uint32_t kMaxSnapshotExtraData = 1024;
-constexpr uint32_t kSnapshotKnownExtra =
-    24;  // VM state size, disk size, icount
-constexpr uint64_t kMaxSnapshotTableBytes = 64ull << 20;
 
 // Persistent bitmaps (docs/interop/qcow2.txt, "Bitmaps extension").
 constexpr uint64_t kBitmapEntryReservedMask = 0xff000000000001feull;

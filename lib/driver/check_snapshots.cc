@@ -164,26 +164,19 @@ absl::Status SnapshotTableCheck::Read(CheckResult* snap, RepairMode fix) {
 absl::Status SnapshotTableCheck::Write() {
   std::vector<uint8_t> table;
   for (const Snapshot& sn : snapshots_) {
-    table.resize(AlignUp(table.size(), 8), 0);
-    uint8_t fixed[kSnapshotHeaderSize];
-    std::memcpy(fixed, sn.fixed, sizeof fixed);
-    StoreBE32(fixed + 32, sn.vm_state_size <= 0xffffffffull
-                              ? static_cast<uint32_t>(sn.vm_state_size)
-                              : 0);
-    const uint32_t extra =
-        std::max<uint32_t>(kSnapshotKnownExtra, sn.extra_data_size);
-    StoreBE32(fixed + 36, extra);
-    StoreBE16(fixed + 12, static_cast<uint16_t>(sn.id.size()));
-    StoreBE16(fixed + 14, static_cast<uint16_t>(sn.name.size()));
-    table.insert(table.end(), fixed, fixed + sizeof fixed);
-    uint8_t known[kSnapshotKnownExtra];
-    StoreBE64(known, sn.vm_state_size);
-    StoreBE64(known + 8, sn.disk_size);
-    StoreBE64(known + 16, sn.icount);
-    table.insert(table.end(), known, known + sizeof known);
-    table.insert(table.end(), sn.unknown_extra.begin(), sn.unknown_extra.end());
-    table.insert(table.end(), sn.id.begin(), sn.id.end());
-    table.insert(table.end(), sn.name.begin(), sn.name.end());
+    SnapshotEntry e;
+    e.l1_offset = sn.l1_offset;
+    e.l1_size = sn.l1_size;
+    e.id = sn.id;
+    e.name = sn.name;
+    e.date_sec = LoadBE32(sn.fixed + 16);
+    e.date_nsec = LoadBE32(sn.fixed + 20);
+    e.vm_clock_nsec = LoadBE64(sn.fixed + 24);
+    e.vm_state_size = sn.vm_state_size;
+    e.disk_size = sn.disk_size;
+    e.icount = sn.icount;
+    e.unknown_extra = sn.unknown_extra;
+    RETURN_IF_ERROR(AppendSnapshotEntry(e, &table));
   }
   if (table.size() > kMaxSnapshotTableBytes) return Efbig();
   uint64_t offset = 0;

@@ -10,8 +10,9 @@
 #include "lib/base/io_context.h"
 #include "lib/base/math.h"
 #include "lib/base/status_macros.h"
-#include "lib/format/entries.h"
 #include "lib/driver/check.h"
+#include "lib/driver/snapshots.h"
+#include "lib/format/entries.h"
 
 namespace qcow2::internal {
 
@@ -203,6 +204,17 @@ LayerInfo Qcow2Layer::Info() const {
   info.compatible_features = h.compatible_features;
   info.autoclear_features = h.autoclear_features;
   info.snapshot_count = h.nb_snapshots;
+  if (h.nb_snapshots > 0) {
+    absl::StatusOr<uint64_t> size = state_.file->Size();
+    absl::StatusOr<DecodedSnapshotTable> table =
+        size.ok() ? ReadSnapshotTable(state_.file.get(), h, *size)
+                  : absl::StatusOr<DecodedSnapshotTable>(size.status());
+    if (table.ok()) {
+      for (const SnapshotEntry& e : table->entries) {
+        info.snapshots.push_back(ToSnapshotInfo(e));
+      }
+    }
+  }
   info.backing_file = h.backing_file;
   info.backing_format = h.backing_format.value_or("");
   info.data_file = h.data_file.value_or("");

@@ -79,6 +79,10 @@ class Qcow2Layer : public Layer {
 
   // --- The shared state.
   const Header& header() const { return state_.header; }
+  // For the operations outside the parts that rewrite header fields
+  // (internal snapshots, lib/driver/snapshots.cc); written through
+  // header_writer().
+  Header& mutable_header() { return state_.header; }
   ClusterMap& cluster_map() { return *state_.map; }
   // Null unless opened writable.
   Refcounts* refcounts() { return state_.refcounts.get(); }

@@ -25,6 +25,7 @@
 #include "lib/base/io_context.h"
 #include "lib/base/mutex.h"
 #include "lib/chain/chain.h"
+#include "lib/driver/snapshots.h"
 #include "lib/engine/flush_group.h"
 #include "lib/engine/miss_table.h"
 #include "lib/engine/range_locks.h"
@@ -108,6 +109,14 @@ class Engine {
                              const CreateOptions& opts)
       ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<LayerInfo> GetChainInfo() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Internal snapshots of the top layer (lib/driver/snapshots.h); all but
+  // the listing refuse while a Queue is open (engine_snapshots.cc).
+  absl::StatusOr<std::vector<SnapshotEntry>> ListSnapshots() const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<SnapshotEntry> CreateSnapshot(const NewSnapshot& sn)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status ApplySnapshot(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status DeleteSnapshot(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t size() const ABSL_LOCKS_EXCLUDED(mu_);
   int length() const ABSL_LOCKS_EXCLUDED(mu_);
   bool writable() const { return writable_; }
@@ -136,6 +145,10 @@ class Engine {
   // stops them.
   absl::Status RunCommits(Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishLocked(Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The top layer for a snapshot change: open, writable, qcow2, and no
+  // Queue open.
+  absl::StatusOr<Qcow2Layer*> SnapshotTarget(const std::string& what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- The fill stage (engine_fill.cc).
   // A flush's first step: plans the fill of the top's pending clusters

@@ -29,4 +29,9 @@ IoStats StatsRegistry::Total() const {
   return total;
 }
 
+size_t StatsRegistry::live_sources() const {
+  MutexLock lock(&mu_);
+  return sources_.size();
+}
+
 }  // namespace qcow2::internal

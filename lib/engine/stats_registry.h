@@ -28,6 +28,8 @@ class StatsRegistry {
   // Adds the counters of a finished synchronous request or call.
   void Retire(const IoStats& stats) ABSL_LOCKS_EXCLUDED(mu_);
   IoStats Total() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Live sources (open queues).
+  size_t live_sources() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   mutable Mutex mu_;

@@ -109,6 +109,19 @@ bool QemuImageSpec::Valid() const {
   return compression_type == "zlib" || compression_type == "zstd";
 }
 
+void PrintTo(const QemuImageSpec& spec, std::ostream* os) {
+  *os << spec.Token();
+}
+
+QemuImageSpec Qcow2Spec(const std::string& compat, uint32_t cluster_size,
+                        bool extended_l2) {
+  QemuImageSpec spec;
+  spec.compat = compat;
+  spec.cluster_size = cluster_size;
+  spec.extended_l2 = extended_l2;
+  return spec;
+}
+
 std::string QemuImageSpec::Token() const {
   if (format != "qcow2") return format;
   std::string t = absl::StrCat("c", SizeToken(cluster_size), "_rb",

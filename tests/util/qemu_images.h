@@ -26,14 +26,14 @@
 
 #include <cstdint>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "tests/util/json_lite.h"
-
 #include "testing/rng.h"
+#include "tests/util/json_lite.h"
 
 namespace qcow2::testing {
 
@@ -70,6 +70,14 @@ struct QemuImageSpec {
   // A short name usable in gtest names: "c64k_rb16_v3_zlib_xl2", "raw".
   std::string Token() const;
 };
+
+// gtest prints a spec parameter as its Token().
+void PrintTo(const QemuImageSpec& spec, std::ostream* os);
+
+// A qcow2 spec with the given compat ("0.10" or "1.1"), cluster size and
+// extended L2 (size 0: the test sets it).
+QemuImageSpec Qcow2Spec(const std::string& compat, uint32_t cluster_size,
+                        bool extended_l2 = false);
 
 // The argv of `qemu-img create` for `spec`.
 std::vector<std::string> QemuCreateArgv(const std::string& path,
