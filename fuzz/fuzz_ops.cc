@@ -40,6 +40,7 @@
 #include "absl/strings/str_join.h"
 #include "fuzz/fuzz_util.h"
 #include "testing/memory_file.h"
+#include "testing/model.h"
 #include "lib/driver/check.h"
 #include "qcow2/image.h"
 #include "qcow2/options.h"
@@ -255,6 +256,7 @@ class Runner {
     top_cs_ = top_raw_ ? 4096 : o.cluster_size;
     top_sc_ = o.extended_l2 ? top_cs_ / 32 : top_cs_;
     top_lazy_ = o.lazy_refcounts;
+    tail_.clear();
   }
 
   // The backing file, if any: a populated qcow2 image or a raw file.
@@ -391,17 +393,6 @@ class Runner {
     std::copy(data.begin(), data.end(), model_.begin() + off);
   }
 
-  void Grow(uint64_t new_size) {
-    const uint64_t old = model_.size();
-    model_.resize(new_size, 0);
-    if (backing_view_.size() > old) {
-      const uint64_t n =
-          std::min<uint64_t>(backing_view_.size(), new_size) - old;
-      std::copy(backing_view_.begin() + old, backing_view_.begin() + old + n,
-                model_.begin() + old);
-    }
-  }
-
   void Resize() {
     const uint64_t old = model_.size();
     uint64_t want;
@@ -429,22 +420,28 @@ class Runner {
     const uint64_t rounded = AlignUp(want, 512);
     Log(absl::StrCat("resize ", want, " (from ", old, ")"));
     absl::Status s = image_->Resize(want);
-    const bool refuse = rounded < old || (top_raw_ && rounded != old);
-    if (refuse) {
+    // Raw images keep their size; qcow2 ones grow and shrink (no
+    // snapshots or bitmaps here), as testing/model.h's Grow and Shrink.
+    if (top_raw_ && rounded != old) {
       if (s.code() != absl::StatusCode::kUnimplemented) {
         Fail(absl::StrCat("Resize(", want, ") from ", old,
                           ": expected kUnimplemented, got ", s.ToString()));
       }
     } else {
       MustOk(s, absl::StrCat("Resize(", want, ")"));
-      Grow(rounded);
+      if (rounded < old) {
+        testing::ShrinkBytes(&model_, &tail_, rounded, top_cs_, backing_view_);
+      } else {
+        testing::GrowBytes(&model_, &tail_, rounded, backing_view_);
+      }
     }
     if (image_->size() != model_.size()) {
       Fail(absl::StrCat("size() is ", image_->size(),
                         " after Resize, expected ", model_.size()));
     }
+    const uint64_t low = std::min(old, model_.size());
     const uint64_t from =
-        old >= 2 * top_cs_ ? AlignDown(old, top_cs_) - top_cs_ : 0;
+        low >= 2 * top_cs_ ? AlignDown(low, top_cs_) - top_cs_ : 0;
     VerifyRange(from, model_.size() - from, "around the old end");
   }
 
@@ -569,6 +566,7 @@ class Runner {
   std::unique_ptr<Image> image_;
   std::vector<uint8_t> model_;         // what the disk reads as
   std::vector<uint8_t> backing_view_;  // what the top's backing reads as
+  std::vector<uint8_t> tail_;  // what the top holds past its end (Shrink)
   std::vector<uint8_t> read_buf_;
   std::vector<std::string> log_;
   uint64_t top_cs_ = 65536, top_sc_ = 65536;

@@ -118,7 +118,7 @@ void DiskModel::Apply(const ModelOp& op) {
     case ModelOp::Kind::kReopen:
       break;
     case ModelOp::Kind::kOverlay:
-      if (op.new_size != 0) Resize(op.new_size);
+      Resize(op.new_size != 0 ? op.new_size : bytes_.size());
       break;
     case ModelOp::Kind::kResize:
       fprintf(stderr, "DiskModel: kResize needs Grow()\n");
@@ -126,15 +126,44 @@ void DiskModel::Apply(const ModelOp& op) {
   }
 }
 
-void DiskModel::Grow(uint64_t size, absl::Span<const uint8_t> backing) {
-  const uint64_t old = bytes_.size();
+void GrowBytes(std::vector<uint8_t>* bytes, std::vector<uint8_t>* tail,
+               uint64_t size, absl::Span<const uint8_t> backing) {
+  const uint64_t old = bytes->size();
   if (size <= old) return;
-  bytes_.resize(size, 0);
+  bytes->resize(size, 0);
   if (backing.size() > old) {
     const uint64_t n = std::min<uint64_t>(backing.size(), size) - old;
     std::copy(backing.begin() + old, backing.begin() + old + n,
-              bytes_.begin() + old);
+              bytes->begin() + old);
   }
+  const uint64_t kept = std::min<uint64_t>(tail->size(), size - old);
+  std::copy(tail->begin(), tail->begin() + kept, bytes->begin() + old);
+  tail->erase(tail->begin(), tail->begin() + kept);
+}
+
+void ShrinkBytes(std::vector<uint8_t>* bytes, std::vector<uint8_t>* tail,
+                 uint64_t size, uint64_t cluster_size,
+                 absl::Span<const uint8_t> backing) {
+  const uint64_t old = bytes->size();
+  if (size >= old) return;
+  const uint64_t cluster_end =
+      (size + cluster_size - 1) / cluster_size * cluster_size;
+  // The kept bytes: what the disk read in [size, cluster_end), the part
+  // past the old end included (kept by an earlier shrink, or a fresh
+  // end's backing or zeros).
+  std::vector<uint8_t> kept(cluster_end - size, 0);
+  const uint64_t visible = std::min(old, cluster_end) - size;
+  std::copy(bytes->begin() + size, bytes->begin() + size + visible,
+            kept.begin());
+  for (uint64_t i = visible; i < kept.size(); ++i) {
+    if (i - visible < tail->size()) {
+      kept[i] = (*tail)[i - visible];
+    } else if (size + i < backing.size()) {
+      kept[i] = backing[size + i];
+    }
+  }
+  bytes->resize(size);
+  *tail = std::move(kept);
 }
 
 std::string DescribeMismatch(absl::Span<const uint8_t> expected,

@@ -71,6 +71,15 @@ struct ModelOp {
   }
 };
 
+// DiskModel::Grow and Shrink on a model's own bytes, for a model that
+// keeps them in a plain vector (fuzz/fuzz_ops.cc). `tail` is what the
+// image holds past the end (what a shrink kept); it starts empty.
+void GrowBytes(std::vector<uint8_t>* bytes, std::vector<uint8_t>* tail,
+               uint64_t size, absl::Span<const uint8_t> backing);
+void ShrinkBytes(std::vector<uint8_t>* bytes, std::vector<uint8_t>* tail,
+                 uint64_t size, uint64_t cluster_size,
+                 absl::Span<const uint8_t> backing);
+
 // The expected contents of the virtual disk.
 class DiskModel {
  public:
@@ -89,14 +98,34 @@ class DiskModel {
   void Apply(const ModelOp& op);
   void Write(uint64_t offset, absl::Span<const uint8_t> data);
   void Zero(uint64_t offset, uint64_t length);
-  void Resize(uint64_t size) { bytes_.resize(size, 0); }
+  // A new top image of `size` bytes (an overlay): nothing is left past
+  // its end.
+  void Resize(uint64_t size) {
+    bytes_.resize(size, 0);
+    tail_.clear();
+  }
   // Grows to `size` (Image::Resize): the new range reads as the backing
   // file's contents where the backing file reaches (`backing` is what it
-  // reads as), as zeros beyond.
-  void Grow(uint64_t size, absl::Span<const uint8_t> backing);
+  // reads as), as zeros beyond; except what a Shrink kept past the end,
+  // which reads as it did.
+  void Grow(uint64_t size, absl::Span<const uint8_t> backing) {
+    GrowBytes(&bytes_, &tail_, size, backing);
+  }
+  // Shrinks to `size` (Image::Resize of a qcow2 image): the clusters
+  // (of `cluster_size` bytes) wholly past the new end are dropped, so that
+  // a later Grow reads them as the backing file or zeros, but the cluster
+  // the new end falls in keeps its bytes past it, as QEMU's shrink keeps
+  // them, and a later Grow shows them again. `backing` as for Grow.
+  void Shrink(uint64_t size, uint64_t cluster_size,
+              absl::Span<const uint8_t> backing) {
+    ShrinkBytes(&bytes_, &tail_, size, cluster_size, backing);
+  }
 
  private:
   std::vector<uint8_t> bytes_;
+  // What the disk holds in [size(), size() + tail_.size()): bytes a Shrink
+  // kept in the cluster its new end fell in.
+  std::vector<uint8_t> tail_;
 };
 
 // Empty when equal; otherwise a description of the first difference and of

@@ -608,6 +608,10 @@ class ModelRun {
     } else {
       chain_ = *paths;
     }
+    // qcow2 shrinks neither internal snapshots nor persistent bitmaps yet.
+    if (cfg_.qemu_bitmap || cfg_.base == Base::kQemuSnapshot) {
+      no_shrink_ = chain_.back();
+    }
     if (!overlay_ours) {
       written_ = {Top()};
       absl::Status s = OpenTop();
@@ -683,13 +687,16 @@ class ModelRun {
   }
 
   // Image::Resize: grows (the new range reads as the backing file where it
-  // reaches, zeros beyond); shrinking, and resizing a raw image, fail with
-  // kUnimplemented and change nothing.
+  // reaches, zeros beyond) and shrinks qcow2 (DiskModel::Shrink); resizing
+  // a raw image, and shrinking one with internal snapshots or persistent
+  // bitmaps, fail with kUnimplemented and change nothing.
   absl::Status ResizeTop(const ModelOp& op) {
     const uint64_t old_size = model_->size();
     const uint64_t want = AlignUp512(op.new_size);
     absl::Status s = image_->Resize(op.new_size);
-    const bool must_refuse = want < old_size || (IsRaw(Top()) && want != old_size);
+    const bool must_refuse =
+        (IsRaw(Top()) && want != old_size) ||
+        (want < old_size && Top() == no_shrink_);
     if (must_refuse) {
       if (s.code() != absl::StatusCode::kUnimplemented) {
         return Fail(absl::StrCat(op.ToString(), " from ", old_size,
@@ -701,15 +708,25 @@ class ModelRun {
       // As include/qcow2/image.h documents it. (qemu-img resize differs:
       // it zero-fills a new range the backing file reaches. Should the
       // library adopt that, pass an empty span here.)
-      model_->Grow(want, backing_view_);
+      if (want < old_size) {
+        model_->Shrink(want, TopClusterSize(), backing_view_);
+      } else {
+        model_->Grow(want, backing_view_);
+      }
     }
     if (image_->size() != model_->size()) {
       return Fail(absl::StrCat("size() is ", image_->size(), " after ",
                                op.ToString(), ", expected ", model_->size()));
     }
     const uint64_t cs = cfg_.cluster_size;
-    const uint64_t from = old_size / cs * cs >= cs ? old_size / cs * cs - cs : 0;
+    const uint64_t low = std::min(old_size, model_->size());
+    const uint64_t from = low / cs * cs >= cs ? low / cs * cs - cs : 0;
     return VerifyRange(from, model_->size() - from, "around the old end");
+  }
+
+  // The cluster size of the open top image (layers_[0] is the top).
+  uint64_t TopClusterSize() const {
+    return image_->GetChainInfo().front().cluster_size;
   }
 
   // Image::CreateOverlay: the open image switches to a new top.
@@ -930,6 +947,8 @@ class ModelRun {
   std::vector<uint8_t> read_buf_;
   // What the backing file of the top reads as (empty without one).
   std::vector<uint8_t> backing_view_;
+  // The top image that may not shrink (empty: none).
+  std::string no_shrink_;
   CommandLog setup_log_;
   int current_ = -1;
   bool fixed_ = false;

@@ -22,6 +22,7 @@ absl::Status TableError(const std::string& filename, const std::string& what) {
 
 // Like QEMU, a stored string ends at its first NUL.
 std::string CString(const uint8_t* p, size_t len) {
+  if (len == 0) return std::string();  // p may be null: memchr must not see it
   const void* nul = std::memchr(p, 0, len);
   if (nul != nullptr) len = static_cast<const uint8_t*>(nul) - p;
   return std::string(reinterpret_cast<const char*>(p), len);
