@@ -104,6 +104,18 @@ TEST(SnapshotTableTest, ShortExtraDataTakesDefaults) {
   EXPECT_EQ(d.entries[0].name, "ok");
 }
 
+TEST(SnapshotTableTest, AnEntryWithNoExtraDataIdOrNameDecodes) {
+  // Nothing follows the fixed part: the strings are empty (the decoder
+  // once handed memchr a null pointer here, which UBSan reports).
+  std::vector<uint8_t> t(40, 0);
+  StoreBE64(&t[0], 0x30000);
+  ASSERT_OK_AND_ASSIGN(DecodedSnapshotTable d, Decode(t, 1));
+  ASSERT_EQ(d.entries.size(), 1u);
+  EXPECT_EQ(d.entries[0].id, "");
+  EXPECT_EQ(d.entries[0].name, "");
+  EXPECT_EQ(d.size, 40u);
+}
+
 TEST(SnapshotTableTest, MalformedTablesAreRefused) {
   ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> t,
                        EncodeSnapshotTable({Entry("1", "a")}));
