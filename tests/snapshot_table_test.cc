@@ -23,7 +23,7 @@ absl::StatusOr<DecodedSnapshotTable> Decode(const std::vector<uint8_t>& bytes,
     if (pos + buf.size() > bytes.size()) {
       return absl::DataLossError("read past the end of the table");
     }
-    std::memcpy(buf.data(), bytes.data() + pos, buf.size());
+    if (!buf.empty()) std::memcpy(buf.data(), bytes.data() + pos, buf.size());
     return absl::OkStatus();
   };
   return DecodeSnapshotTable(read, count, disk_size, "img.qcow2");
