@@ -27,7 +27,7 @@ namespace qcow2::internal {
 
 namespace {
 
-bool TestBit(const std::vector<uint64_t>& bits, uint64_t i) {
+bool TestBit(const PendingClusters::UnitBits& bits, uint64_t i) {
   return (bits[i / 64] >> (i % 64)) & 1;
 }
 
@@ -155,22 +155,21 @@ absl::Status PendingClusters::PlanPendingWrite(uint64_t cluster,
     PendingCluster p;
     p.ref = std::move(ref);
     p.host = fresh;
-    p.covered.assign((g.cluster_size / kFineLockBytes + 63) / 64, 0);
     p.virgin = (fresh >> g.cluster_bits) >= end_before;
     it = pending_.emplace(cluster, std::move(p)).first;
   }
   PendingCluster& p = it->second;
+  const uint64_t id = ++pending_write_ids_;
+  PendingWrite& w = p.in_flight.emplace_back(
+      PendingWrite{id, in_cluster, data.data(), data.size(), {}});
   // Units this write covers first: uncovered again if it fails.
-  auto newly = std::make_shared<std::vector<uint64_t>>(p.covered.size(), 0);
   for (uint64_t u = in_cluster / kFineLockBytes;
        u < (in_cluster + data.size()) / kFineLockBytes; ++u) {
     if (TestBit(p.covered, u)) continue;
     p.covered[u / 64] |= uint64_t{1} << (u % 64);
-    (*newly)[u / 64] |= uint64_t{1} << (u % 64);
+    w.newly[u / 64] |= uint64_t{1} << (u % 64);
     ++p.covered_units;
   }
-  const uint64_t id = ++pending_write_ids_;
-  p.in_flight.push_back({id, in_cluster, data.data(), data.size()});
   EmitEvent("deferred-write");
   IoOp op;
   op.file = s_->file.get();
@@ -178,33 +177,33 @@ absl::Status PendingClusters::PlanPendingWrite(uint64_t cluster,
   op.guest_bytes = data.size();
   op.Add(data.data(), data.size());
   plan->writes.push_back(std::move(op));
-  plan->commits.push_back([this, cluster, id, newly] {
-    return FinishPendingWrite(cluster, id, *newly, true);
-  });
-  plan->aborts.push_back([this, cluster, id, newly] {
-    FinishPendingWrite(cluster, id, *newly, false).IgnoreError();
+  plan->commits.push_back(
+      [this, cluster, id] { return FinishPendingWrite(cluster, id, true); });
+  plan->aborts.push_back([this, cluster, id] {
+    FinishPendingWrite(cluster, id, false).IgnoreError();
   });
   return absl::OkStatus();
 }
 
-absl::Status PendingClusters::FinishPendingWrite(
-    uint64_t cluster, uint64_t id, const std::vector<uint64_t>& newly,
-    bool ok) {
+absl::Status PendingClusters::FinishPendingWrite(uint64_t cluster,
+                                                 uint64_t id, bool ok) {
   auto it = pending_.find(cluster);
   // Gone: committed by a flush meanwhile (which wrote this write's bytes
   // too), or dropped when the image was marked corrupt.
   if (it == pending_.end()) return absl::OkStatus();
   PendingCluster& p = it->second;
-  if (std::erase_if(p.in_flight,
-                    [id](const PendingWrite& w) { return w.id == id; }) == 0) {
+  auto w = std::find_if(p.in_flight.begin(), p.in_flight.end(),
+                        [id](const PendingWrite& w) { return w.id == id; });
+  if (w == p.in_flight.end()) {
     return absl::OkStatus();  // a later pending life of the same cluster
   }
   if (!ok) {
-    for (size_t w = 0; w < newly.size(); ++w) {
-      p.covered[w] &= ~newly[w];
-      p.covered_units -= std::popcount(newly[w]);
+    for (size_t i = 0; i < w->newly.size(); ++i) {
+      p.covered[i] &= ~w->newly[i];
+      p.covered_units -= std::popcount(w->newly[i]);
     }
   }
+  p.in_flight.erase(w);
   // A fill in flight wrote this write's bytes too, and commits the
   // cluster (or leaves it pending if it fails).
   if (!p.in_flight.empty() || p.filling) return absl::OkStatus();
@@ -368,12 +367,7 @@ absl::Status PendingClusters::SettlePendingIn(uint64_t offset, uint64_t len,
   const uint64_t cs = s_->geometry().cluster_size;
   const uint64_t first = offset >> bits;
   const uint64_t last = (offset + len - 1) >> bits;
-  std::vector<uint64_t> clusters;
-  for (const auto& [cluster, p] : pending_) {
-    if (cluster >= first && cluster <= last) clusters.push_back(cluster);
-  }
-  std::sort(clusters.begin(), clusters.end());
-  for (uint64_t cluster : clusters) {
+  for (uint64_t cluster : PendingBetween(first, last)) {
     auto it = pending_.find(cluster);
     const uint64_t start = cluster << bits;
     if (drop_whole && it->second.in_flight.empty() && start >= offset &&
@@ -407,26 +401,39 @@ absl::Status PendingClusters::SettlePendingIn(uint64_t offset, uint64_t len,
   return absl::OkStatus();
 }
 
+absl::InlinedVector<uint64_t, 4> PendingClusters::PendingBetween(
+    uint64_t first, uint64_t last) const {
+  absl::InlinedVector<uint64_t, 4> out;
+  if (pending_.empty() || last < first) return out;
+  if (last - first < pending_.size()) {
+    for (uint64_t c = first;; ++c) {
+      if (pending_.contains(c)) out.push_back(c);
+      if (c == last) break;
+    }
+    return out;
+  }
+  for (const auto& [cluster, p] : pending_) {
+    if (cluster >= first && cluster <= last) out.push_back(cluster);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 bool PendingClusters::HasPendingIn(uint64_t offset, uint64_t len) const {
   if (pending_.empty() || len == 0) return false;
   const uint32_t bits = s_->geometry().cluster_bits;
-  const uint64_t first = offset >> bits;
-  const uint64_t last = (offset + len - 1) >> bits;
-  for (const auto& [cluster, p] : pending_) {
-    if (cluster >= first && cluster <= last) return true;
-  }
-  return false;
+  return !PendingBetween(offset >> bits, (offset + len - 1) >> bits).empty();
 }
 
 uint64_t PendingClusters::ClipAtPending(uint64_t offset, uint64_t len) const {
+  if (pending_.empty() || len == 0) return len;
   const uint32_t bits = s_->geometry().cluster_bits;
   const uint64_t own = offset >> bits;
-  for (const auto& [cluster, p] : pending_) {
-    if (cluster <= own) continue;
-    const uint64_t start = cluster << bits;
-    if (start < offset + len) len = start - offset;
-  }
-  return len;
+  const uint64_t last = (offset + len - 1) >> bits;
+  if (last == own) return len;
+  const absl::InlinedVector<uint64_t, 4> after = PendingBetween(own + 1, last);
+  if (after.empty()) return len;
+  return (after.front() << bits) - offset;
 }
 
 absl::StatusOr<Extent> PendingClusters::MapPending(uint64_t offset,

@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -69,6 +70,9 @@ class PendingClusters {
   static constexpr uint64_t kFineLockBytes = uint64_t{1} << kFineLockBits;
   // At most this many clusters are pending at once.
   static constexpr size_t kMaxPending = 128;
+  // One bit per kFineLockBytes unit of a cluster, for clusters of up to
+  // 2 MiB (qcow2's largest): fixed, so that a write allocates none.
+  using UnitBits = std::array<uint64_t, (2u << 20) / kFineLockBytes / 64>;
 
   // The parts are the layer's and outlive this.
   PendingClusters(Qcow2State* s, const MetadataGuard* guard,
@@ -146,13 +150,14 @@ class PendingClusters {
     uint64_t in_cluster;  // where the write starts in its cluster
     const uint8_t* data;  // the request's buffer, valid until it finishes
     uint64_t len;         // bytes
+    UnitBits newly;       // the units it covered first (uncovered on failure)
   };
   struct PendingCluster {
     L2Ref ref;                            // the cluster's L2 entry, pinned
     uint64_t host = 0;                    // the host cluster given to it
-    std::vector<uint64_t> covered;        // one bit per kFineLockBytes unit
+    UnitBits covered{};                   // one bit per kFineLockBytes unit
     uint32_t covered_units = 0;           // bits set in `covered`
-    std::vector<PendingWrite> in_flight;  // planned, not finished
+    absl::InlinedVector<PendingWrite, 1> in_flight;  // planned, not finished
     bool virgin = false;  // the host cluster never held anything
     // A fill planned by PlanFill is in flight: the fill, not the last
     // write to finish, commits the cluster.
@@ -166,13 +171,17 @@ class PendingClusters {
   // FineWritable's test for the part of a write inside one cluster.
   FineKind ClassifyFine(uint64_t cluster, uint64_t in_cluster, uint64_t len,
                         bool stream);
-  // The end of a PlanPendingWrite write (commit or abort): `newly` holds
-  // the units it covered first, uncovered again when it failed. Commits
+  // The end of a PlanPendingWrite write (commit or abort): the units it
+  // covered first are uncovered again when it failed. Commits
   // the cluster when no write into it is in flight and it is covered
   // (with extended L2: covered at all), and frees it when nothing covers
   // it.
-  absl::Status FinishPendingWrite(uint64_t cluster, uint64_t id,
-                                  const std::vector<uint64_t>& newly, bool ok);
+  absl::Status FinishPendingWrite(uint64_t cluster, uint64_t id, bool ok);
+  // The pending clusters in [first, last] (guest cluster numbers), in
+  // order: probed one by one when the range is short, else found by a
+  // walk of the map.
+  absl::InlinedVector<uint64_t, 4> PendingBetween(uint64_t first,
+                                                  uint64_t last) const;
   // Sets a pending cluster's L2 entry: every unit holds its data (standard
   // L2), or covered subclusters become allocated (extended L2).
   absl::Status CommitPending(uint64_t cluster);
