@@ -31,9 +31,11 @@ set(QCOW2_LIB_SOURCES
   ${PROJECT_SOURCE_DIR}/lib/driver/snapshots.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/write_planner.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/write_planner_alloc.cc
+  ${PROJECT_SOURCE_DIR}/lib/driver/write_planner_compressed.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/write_planner_grow.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/zeroer.cc
   ${PROJECT_SOURCE_DIR}/lib/engine/engine.cc
+  ${PROJECT_SOURCE_DIR}/lib/engine/engine_compressed.cc
   ${PROJECT_SOURCE_DIR}/lib/engine/engine_fill.cc
   ${PROJECT_SOURCE_DIR}/lib/engine/engine_ops.cc
   ${PROJECT_SOURCE_DIR}/lib/engine/engine_snapshots.cc
@@ -80,6 +82,7 @@ set(QCOWTOOL_SOURCES
   ${PROJECT_SOURCE_DIR}/tools/cmd_check.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_compare.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_convert.cc
+  ${PROJECT_SOURCE_DIR}/tools/convert_copy.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_create.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_info.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_io.cc

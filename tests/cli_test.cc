@@ -270,7 +270,7 @@ TEST(CliUsageTest, WrongArgumentsExitOneWithUsage) {
   ExpectUsageError({"convert"}, convert, "expecting a source");
   ExpectUsageError({"convert", "a"}, convert, "expecting a source");
   ExpectUsageError({"convert", "a", "b", "c"}, convert, "'c'");
-  ExpectUsageError({"convert", "-O", "qcow2", "a", "b"}, convert, "'qcow2'");
+  ExpectUsageError({"convert", "-O", "vmdk", "a", "b"}, convert, "'vmdk'");
 }
 
 TEST(CliUsageTest, MissingImageExitsTwoNamingIt) {

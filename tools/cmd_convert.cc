@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // qcowtool convert: copies the virtual disk of an image (through its
-// backing chain) into a raw file, like `qemu-img convert -O raw`.
+// backing chain) into a new qcow2 or raw image, as `qemu-img convert`
+// does, with its flags (-O, -o, -c, -B/-F, -n, -S, -p, -q, -W, -m) and
+// messages. The copy itself is tools/convert_copy.cc.
 #include <fcntl.h>
 #include <getopt.h>
 #include <linux/falloc.h>
@@ -11,7 +13,10 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,21 +24,41 @@
 #include "qcow2/image.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
+#include "tools/convert_copy.h"
+#include "tools/create_options.h"
+#include "tools/progress.h"
 
 namespace qcow2::tool {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: qcowtool convert [-f FMT] [-O raw] [-U] [--backing-root=DIR] "
-    "SOURCE DEST\n"
+    "usage: qcowtool convert [-f FMT] [-O FMT] [-o OPTIONS] [-c] [-B BACKING "
+    "[-F FMT]]\n"
+    "                        [-n] [-S SIZE] [-p] [-q] [-W] [-m N] [-U]\n"
+    "                        [--backing-root=DIR] SOURCE DEST\n"
     "\n"
-    "Writes the contents of SOURCE (read through its backing chain) to DEST\n"
-    "as a raw image, replacing DEST if it exists. Ranges that read as zeros\n"
-    "are left as holes. A block device DEST is written over in place, zeros\n"
+    "Writes the contents of SOURCE (read through its backing chain) to DEST,\n"
+    "as 'qemu-img convert' does. DEST is created (replaced if it exists)\n"
+    "unless -n; a block device DEST (raw) is written over in place, zeros\n"
     "included.\n"
     "\n"
     "  -f FMT      format of SOURCE: qcow2 or raw (default: probe)\n"
-    "  -O FMT      output format; only raw (the default) is supported\n"
+    "  -O FMT      output format: raw (the default) or qcow2\n"
+    "  -o OPTIONS  creation options of DEST, as 'qcowtool create -o' takes\n"
+    "              them (may be repeated; '-o help' lists them)\n"
+    "  -c          write every data cluster compressed (qcow2 only)\n"
+    "  -B BACKING  DEST gets BACKING as its backing file: what SOURCE's top\n"
+    "              image does not allocate is left to it (qcow2 only)\n"
+    "  -F FMT      format of BACKING, qcow2 or raw (default: probe)\n"
+    "  -n          DEST exists: write into it, do not create it\n"
+    "  -S SIZE     zero runs of at least SIZE bytes (a multiple of 512,\n"
+    "              default 4k) are not written as data; 0 writes\n"
+    "              everything (a fully allocated DEST)\n"
+    "  -p          show progress\n"
+    "  -q          quiet (no progress)\n"
+    "  -W          allow out-of-order writes (with -c: compression on up to\n"
+    "              N threads at once)\n"
+    "  -m N        requests in flight, 1 to 16 (default 8)\n"
     "  (-U and --backing-root apply to SOURCE)\n";
 
 constexpr char kHelpTail[] =
@@ -45,18 +70,27 @@ std::string Usage() {
          kHelpTail + kExitStatusHelp;
 }
 
-// Bytes read from the image at a time.
-constexpr uint64_t kChunkBytes = 1 << 20;
-// Granularity of zero detection in data ranges (qemu-img's default -S).
-constexpr size_t kSparseBytes = 4096;
+constexpr uint64_t kMaxSparse = 16 << 20;  // qemu-img's limit for -S
 
 struct ConvertArgs {
   std::string format;
+  std::string out_format = "raw";
+  std::vector<std::string> option_lists;
+  bool compress = false;
+  std::optional<std::string> backing;
+  std::optional<std::string> backing_format;
+  bool no_create = false;
+  uint64_t min_sparse = 4096;
+  bool progress = false;
+  bool quiet = false;
+  bool out_of_order = false;
+  int workers = 8;
   OpenPolicy policy;
   std::string source;
   std::string dest;
 };
 
+// Returns -1 when parsed, else the exit status to return.
 int ParseArgs(int argc, char** argv, ConvertArgs* args) {
   static const option kOptions[] = {
       {"format", required_argument, nullptr, 'f'},
@@ -67,7 +101,8 @@ int ParseArgs(int argc, char** argv, ConvertArgs* args) {
   };
   ResetGetopt();
   int c;
-  while ((c = getopt_long(argc, argv, "f:O:Uh", kOptions, nullptr)) != -1) {
+  while ((c = getopt_long(argc, argv, "f:O:o:cB:F:nS:pqWm:Uh", kOptions,
+                          nullptr)) != -1) {
     switch (c) {
       case 'h':
         return PrintHelp(Usage());
@@ -78,12 +113,60 @@ int ParseArgs(int argc, char** argv, ConvertArgs* args) {
         args->format = optarg;
         break;
       case 'O':
-        if (std::string_view(optarg) != "raw") {
+        if (std::string_view(optarg) != "raw" &&
+            std::string_view(optarg) != "qcow2") {
           return UsageError(Usage(),
                             absl::StrCat("output format '", optarg,
-                                         "' is not supported (only raw)"));
+                                         "' is not supported (qcow2 or raw)"));
         }
+        args->out_format = optarg;
         break;
+      case 'o':
+        args->option_lists.push_back(optarg);
+        break;
+      case 'c':
+        args->compress = true;
+        break;
+      case 'B':
+        args->backing = optarg;
+        break;
+      case 'F':
+        args->backing_format = optarg;
+        break;
+      case 'n':
+        args->no_create = true;
+        break;
+      case 'S': {
+        absl::StatusOr<uint64_t> v = ParseSize(optarg);
+        if (!v.ok() || *v % 512 != 0 || *v > kMaxSparse) {
+          return ReportFailure(
+              "Invalid buffer size for sparse output specified. Valid sizes "
+              "are multiples of 512 up to 16777216. Select 0 to disable "
+              "sparse detection (fully allocates output).");
+        }
+        args->min_sparse = *v;
+        break;
+      }
+      case 'p':
+        args->progress = true;
+        break;
+      case 'q':
+        args->quiet = true;
+        break;
+      case 'W':
+        args->out_of_order = true;
+        break;
+      case 'm': {
+        char* end = nullptr;
+        const long n = std::strtol(optarg, &end, 10);
+        if (end == optarg || *end != '\0' || n < 1 || n > 16) {
+          return ReportFailure(
+              "Invalid number of coroutines. Allowed number of coroutines is "
+              "between 1 and 16");
+        }
+        args->workers = static_cast<int>(n);
+        break;
+      }
       default:
         if (args->policy.Take(c, optarg)) break;
         return UsageError(Usage(), "");
@@ -118,97 +201,78 @@ absl::Status WriteAll(int fd, const uint8_t* p, size_t len, uint64_t offset,
   return absl::OkStatus();
 }
 
-bool AllZero(const uint8_t* p, size_t len) {
-  return len == 0 || (p[0] == 0 && std::memcmp(p, p + 1, len - 1) == 0);
-}
+// A raw file or block device, written with pwrite.
+class FdTarget : public ConvertTarget {
+ public:
+  FdTarget(int fd, std::string name, bool device)
+      : fd_(fd), name_(std::move(name)), device_(device) {}
+  ~FdTarget() override {
+    if (fd_ >= 0) close(fd_);
+  }
 
-// Writes the blocks of `buf` that are not all zeros (the file already
-// reads as zeros there).
-absl::Status WriteSparse(int fd, const uint8_t* buf, size_t len,
-                         uint64_t offset, const std::string& name) {
-  size_t pos = 0;
-  while (pos < len) {
-    size_t n = std::min(kSparseBytes, len - pos);
-    if (AllZero(buf + pos, n)) {
-      pos += n;
-      continue;
-    }
-    size_t run_end = pos + n;
-    while (run_end < len) {
-      size_t m = std::min(kSparseBytes, len - run_end);
-      if (AllZero(buf + run_end, m)) break;
-      run_end += m;
-    }
-    if (auto s = WriteAll(fd, buf + pos, run_end - pos, offset + pos, name);
-        !s.ok()) {
-      return s;
-    }
-    pos = run_end;
+  absl::Status Write(uint64_t offset, absl::Span<const uint8_t> data) override {
+    return WriteAll(fd_, data.data(), data.size(), offset, name_);
   }
-  return absl::OkStatus();
-}
-
-// Makes [offset, +len) of a block device read as zeros: its unwritten
-// space holds whatever it held before, never zeros for sure.
-absl::Status ZeroDevice(int fd, uint64_t offset, uint64_t len,
-                        const std::string& name) {
-  if (fallocate(fd, FALLOC_FL_ZERO_RANGE, static_cast<off_t>(offset),
-                static_cast<off_t>(len)) == 0) {
-    return absl::OkStatus();
-  }
-  const std::vector<uint8_t> zeros(std::min<uint64_t>(len, kChunkBytes), 0);
-  for (uint64_t done = 0; done < len;) {
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(zeros.size(),
-                                                            len - done));
-    if (auto s = WriteAll(fd, zeros.data(), n, offset + done, name); !s.ok()) {
-      return s;
+  // A hole in a file; a device's unwritten space holds whatever it held,
+  // so zeros are made there (zero-range, else written).
+  absl::Status WriteZeroes(uint64_t offset, uint64_t len) override {
+    const int mode = device_ ? FALLOC_FL_ZERO_RANGE
+                             : FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE;
+    if (fallocate(fd_, mode, static_cast<off_t>(offset),
+                  static_cast<off_t>(len)) == 0) {
+      return absl::OkStatus();
     }
-    done += n;
-  }
-  return absl::OkStatus();
-}
-
-// `device`: `fd` is a block device of `device_bytes` bytes, written over
-// in place (never resized; zeros written, not assumed).
-absl::Status Copy(Image& image, int fd, const std::string& dest,
-                  bool device, uint64_t device_bytes) {
-  const uint64_t size = image.size();
-  if (device && size > device_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "no space left on ", dest, " (", FormatSize(device_bytes),
-        "): the disk is ", FormatSize(size)));
-  }
-  if (!device && ftruncate(fd, static_cast<off_t>(size)) != 0) {
-    return Errno(errno, absl::StrCat("resizing ", dest));
-  }
-  std::vector<uint8_t> buf(kChunkBytes);
-  uint64_t pos = 0;
-  while (pos < size) {
-    absl::StatusOr<BlockStatus> bs = image.GetBlockStatus(pos, size - pos);
-    if (!bs.ok()) return bs.status();
-    const uint64_t end = pos + bs->length;
-    if (bs->zero) {
-      if (device) {
-        if (auto s = ZeroDevice(fd, pos, end - pos, dest); !s.ok()) return s;
-      }
-      pos = end;
-      continue;
-    }
-    while (pos < end) {
-      const size_t n = static_cast<size_t>(std::min(kChunkBytes, end - pos));
-      auto span = absl::MakeSpan(buf.data(), n);
-      if (auto s = image.Read(pos, span); !s.ok()) return s;
-      if (auto s = device ? WriteAll(fd, buf.data(), n, pos, dest)
-                          : WriteSparse(fd, buf.data(), n, pos, dest);
+    const std::vector<uint8_t> zeros(std::min<uint64_t>(len, 1 << 20), 0);
+    for (uint64_t done = 0; done < len;) {
+      const size_t n = static_cast<size_t>(
+          std::min<uint64_t>(zeros.size(), len - done));
+      if (auto s = WriteAll(fd_, zeros.data(), n, offset + done, name_);
           !s.ok()) {
         return s;
       }
-      pos += n;
+      done += n;
     }
+    return absl::OkStatus();
   }
-  if (fsync(fd) != 0) return Errno(errno, absl::StrCat("syncing ", dest));
-  return absl::OkStatus();
-}
+  absl::Status WriteCompressed(uint64_t, absl::Span<const uint8_t>) override {
+    return absl::UnimplementedError(
+        "Compression not supported for this file format");
+  }
+  absl::Status Finish() override {
+    if (fsync(fd_) != 0) return Errno(errno, absl::StrCat("syncing ", name_));
+    const int fd = fd_;
+    fd_ = -1;
+    if (close(fd) != 0) return Errno(errno, absl::StrCat("closing ", name_));
+    return absl::OkStatus();
+  }
+
+ private:
+  int fd_;
+  const std::string name_;
+  const bool device_;
+};
+
+// An image opened through the library.
+class ImageTarget : public ConvertTarget {
+ public:
+  explicit ImageTarget(std::unique_ptr<Image> image)
+      : image_(std::move(image)) {}
+  absl::Status Write(uint64_t offset, absl::Span<const uint8_t> data) override {
+    return image_->Write(offset, data);
+  }
+  absl::Status WriteZeroes(uint64_t offset, uint64_t len) override {
+    return image_->WriteZeroes(offset, len, /*unmap=*/true);
+  }
+  absl::Status WriteCompressed(uint64_t offset,
+                               absl::Span<const uint8_t> data) override {
+    return image_->WriteCompressed(offset, data);
+  }
+  absl::Status Finish() override { return image_->Close(); }
+  Image& image() { return *image_; }
+
+ private:
+  std::unique_ptr<Image> image_;
+};
 
 // Refuses a destination that is one of the source's files: truncating it
 // would destroy what is about to be read.
@@ -227,42 +291,192 @@ absl::Status CheckNotInChain(const std::string& dest,
   return absl::OkStatus();
 }
 
+absl::Status OutputSmaller() {
+  return absl::InvalidArgumentError("output file is smaller than input file");
+}
+
+// The raw destination: a new (or, with -n, existing) file, or a device.
+absl::StatusOr<std::unique_ptr<FdTarget>> OpenRawTarget(const ConvertArgs& a,
+                                                        uint64_t size,
+                                                        bool* zero_init) {
+  struct stat st;
+  const bool device = stat(a.dest.c_str(), &st) == 0 && S_ISBLK(st.st_mode);
+  const bool create = !device && !a.no_create;
+  int fd = open(a.dest.c_str(),
+                create ? O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC
+                       : O_WRONLY | O_CLOEXEC,
+                0644);
+  if (fd < 0) {
+    return Errno(errno, absl::StrCat(create ? "cannot create " : "cannot open ",
+                                     a.dest));
+  }
+  auto target = std::make_unique<FdTarget>(fd, a.dest, device);
+  *zero_init = create;
+  if (device) {
+    uint64_t bytes = 0;
+    if (ioctl(fd, BLKGETSIZE64, &bytes) != 0) {
+      return Errno(errno, absl::StrCat("size of ", a.dest));
+    }
+    if (size > bytes) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("no space left on ", a.dest, " (", FormatSize(bytes),
+                       "): the disk is ", FormatSize(size)));
+    }
+  } else if (create) {
+    if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
+      return Errno(errno, absl::StrCat("resizing ", a.dest));
+    }
+  } else if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < size) {
+    return OutputSmaller();
+  }
+  return target;
+}
+
+// Creates the qcow2 destination as the -o options, -B and -F ask, the size
+// of the source. Returns -1 when done, else the exit status.
+int CreateQcow2(const ConvertArgs& a, uint64_t size, CreateRequest* req) {
+  req->file = a.dest;
+  req->opts.format = ImageFormat::kQcow2;
+  std::map<std::string, std::string> values;
+  if (auto s = ParseOptionLists(a.option_lists, ImageFormat::kQcow2, &values);
+      !s.ok()) {
+    return UsageError(Usage(), s.message());
+  }
+  if (values.count("backing_file") && a.backing) {
+    return UsageError(Usage(),
+                      "the backing file is given twice (-B and -o "
+                      "backing_file)");
+  }
+  if (values.count("backing_fmt") && a.backing_format) {
+    return UsageError(Usage(),
+                      "the backing format is given twice (-F and -o "
+                      "backing_fmt)");
+  }
+  if (a.backing) values["backing_file"] = *a.backing;
+  if (a.backing_format) values["backing_fmt"] = *a.backing_format;
+  values.erase("size");
+  for (const auto& [key, value] : values) {
+    if (auto s = ApplyOption(key, value, req); !s.ok()) {
+      return UsageError(Usage(), s.message());
+    }
+  }
+  CreateOptions& o = req->opts;
+  o.size = size;
+  if (o.backing_file.empty() && !o.backing_format.empty()) {
+    return ReportFailure("Backing format cannot be used without backing file");
+  }
+  if (auto s = CheckCombinations(o); !s.ok()) {
+    return UsageError(Usage(), s.message());
+  }
+  if (!o.backing_file.empty() && o.backing_format.empty()) {
+    // Probed, as qcowtool create does (qemu-img 7.2 insists on -F).
+    OpenOptions oo;
+    oo.open_backing = false;
+    auto b = Image::Open(QemuPathCombine(a.dest, o.backing_file), oo);
+    if (!b.ok()) {
+      return ReportError(absl::Status(
+          b.status().code(), absl::StrCat("Could not open backing file: ",
+                                          b.status().message())));
+    }
+    o.backing_format =
+        (*b)->GetChainInfo()[0].format == ImageFormat::kQcow2 ? "qcow2" : "raw";
+  }
+  struct stat st;
+  if (lstat(a.dest.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+      unlink(a.dest.c_str()) != 0) {
+    return ReportError(
+        Errno(errno, absl::StrCat("cannot replace ", a.dest)));
+  }
+  if (auto s = CreateImage(a.dest, o); !s.ok()) return ReportError(s);
+  return -1;
+}
+
+// Checks the flag combinations qemu-img refuses. Returns -1 when fine.
+int CheckCombination(const ConvertArgs& a) {
+  const bool raw = a.out_format == "raw";
+  if (a.compress && raw) {
+    return ReportFailure("Compression not supported for this file format");
+  }
+  if (a.backing && raw) {
+    return ReportFailure("Backing file not supported for file format 'raw'");
+  }
+  if (a.backing_format && !a.backing) {
+    return ReportFailure("Backing format cannot be used without backing file");
+  }
+  if (a.no_create && !a.option_lists.empty()) {
+    return ReportFailure("-o has no effect when skipping image creation");
+  }
+  if (raw && !a.no_create) {
+    std::map<std::string, std::string> values;
+    if (auto s = ParseOptionLists(a.option_lists, ImageFormat::kRaw, &values);
+        !s.ok()) {
+      return UsageError(Usage(), s.message());
+    }
+  }
+  return -1;
+}
+
 }  // namespace
 
 int RunConvert(int argc, char** argv) {
   ConvertArgs args;
   if (int rc = ParseArgs(argc, argv, &args); rc >= 0) return rc;
+  for (const std::string& list : args.option_lists) {
+    if (IsHelpList(list)) {
+      return PrintHelp(OptionHelp(args.out_format == "raw"
+                                      ? ImageFormat::kRaw
+                                      : ImageFormat::kQcow2));
+    }
+  }
+  if (int rc = CheckCombination(args); rc >= 0) return rc;
 
   OpenOptions opts;
   opts.format = args.format;
   args.policy.ApplyTo(&opts);
   auto image = Image::Open(args.source, opts);
   if (!image.ok()) return ReportError(image.status());
+  Image& source = **image;
   const std::vector<std::string> names =
-      QemuChainNames(args.source, (*image)->GetChainInfo());
+      QemuChainNames(args.source, source.GetChainInfo());
   if (auto s = CheckNotInChain(args.dest, names); !s.ok()) {
     return ReportError(s);
   }
 
-  struct stat st;
-  const bool device =
-      stat(args.dest.c_str(), &st) == 0 && S_ISBLK(st.st_mode);
-  int fd = open(args.dest.c_str(),
-                device ? O_WRONLY | O_CLOEXEC
-                       : O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
-                0644);
-  if (fd < 0) {
-    return ReportError(Errno(errno, absl::StrCat("cannot create ", args.dest)));
+  CopyOptions copy;
+  copy.min_sparse = args.min_sparse;
+  copy.compressed = args.compress;
+  copy.workers = args.workers;
+  copy.out_of_order = args.out_of_order;
+  std::unique_ptr<ConvertTarget> target;
+  if (args.out_format == "raw") {
+    auto raw = OpenRawTarget(args, source.size(), &copy.zero_init);
+    if (!raw.ok()) return ReportError(raw.status());
+    target = std::move(raw).value();
+  } else {
+    CreateRequest req;
+    if (!args.no_create) {
+      if (int rc = CreateQcow2(args, source.size(), &req); rc >= 0) return rc;
+    }
+    OpenOptions to;
+    to.read_write = true;
+    to.format = "qcow2";
+    auto out = Image::Open(args.dest, to);
+    if (!out.ok()) return ReportError(out.status());
+    if ((*out)->size() < source.size()) return ReportError(OutputSmaller());
+    const LayerInfo top = (*out)->GetChainInfo()[0];
+    copy.cluster_size = top.cluster_size;
+    // With -n, only -B says so (qemu-img: the target's own backing file
+    // is not looked at).
+    copy.target_has_backing = args.no_create ? args.backing.has_value()
+                                             : !top.backing_file.empty();
+    copy.zero_init = !args.no_create && top.backing_file.empty();
+    target = std::make_unique<ImageTarget>(std::move(out).value());
   }
-  uint64_t device_bytes = 0;
-  if (device && ioctl(fd, BLKGETSIZE64, &device_bytes) != 0) {
-    absl::Status s = Errno(errno, absl::StrCat("size of ", args.dest));
-    close(fd);
-    return ReportError(s);
-  }
-  absl::Status s = Copy(**image, fd, args.dest, device, device_bytes);
-  if (close(fd) != 0 && s.ok()) {
-    s = Errno(errno, absl::StrCat("closing ", args.dest));
+  absl::Status s;
+  {
+    Progress progress(args.progress && !args.quiet, 1.0f);
+    copy.progress = [&progress](float p) { progress.Advance(p); };
+    s = CopyImage(source, *target, copy);
   }
   if (!s.ok()) return ReportError(s);
   return kExitOk;

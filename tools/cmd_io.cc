@@ -47,6 +47,10 @@ constexpr char kUsage[] =
     "0x hex):\n"
     "  write [-q] [-P PAT] OFF LEN  write LEN bytes of PAT (default 0xcd)\n"
     "  write [-q] -z [-u] OFF LEN   write zeroes; -u may free clusters\n"
+    "  write [-q] -c [-P PAT] OFF LEN\n"
+    "                               write compressed, cluster by cluster\n"
+    "                               (OFF and LEN whole clusters, or up to\n"
+    "                               the end of the disk)\n"
     "  read [-q] [-v] [-P PAT] OFF LEN\n"
     "                               read; -P checks every byte is PAT and\n"
     "                               fails at the first one that is not;\n"
@@ -96,6 +100,7 @@ struct IoCommand {
   std::optional<uint8_t> pattern;
   bool zero = false;     // write -z
   bool unmap = false;    // write -z -u
+  bool compressed = false;  // write -c
   bool verbose = false;  // read -v
   bool quiet = false;    // -q
   bool has_range() const {
@@ -226,7 +231,7 @@ absl::StatusOr<IoCommand> ParseCommand(std::string_view text) {
   absl::Status s;
   if (name == "write") {
     cmd.kind = IoCommand::kWrite;
-    s = ParseFlags(cmd, words, "P:zuq", &positional,
+    s = ParseFlags(cmd, words, "P:zucq", &positional,
                    [&](char f, std::string_view v) -> absl::Status {
                      if (f == 'P') {
                        auto p = ParsePattern(cmd, v);
@@ -235,12 +240,16 @@ absl::StatusOr<IoCommand> ParseCommand(std::string_view text) {
                      }
                      if (f == 'z') cmd.zero = true;
                      if (f == 'u') cmd.unmap = true;
+                     if (f == 'c') cmd.compressed = true;
                      return common(f);
                    });
     if (s.ok() && cmd.zero && cmd.pattern) {
       s = Bad(cmd, "-z and -P cannot be used together");
     }
     if (s.ok() && cmd.unmap && !cmd.zero) s = Bad(cmd, "-u requires -z");
+    if (s.ok() && cmd.zero && cmd.compressed) {
+      s = Bad(cmd, "-c and -z cannot be used together");
+    }
     if (s.ok()) s = ParseRange(cmd, positional);
   } else if (name == "read") {
     cmd.kind = IoCommand::kRead;
@@ -381,13 +390,21 @@ class Runner {
  private:
   absl::Status DoWrite(const IoCommand& cmd) {
     if (cmd.zero) return image_.WriteZeroes(cmd.offset, cmd.length, cmd.unmap);
-    std::vector<uint8_t> buf(std::min(kChunkBytes, cmd.length),
+    // Compressed: one call per cluster (a raw image has none: one call,
+    // which says why it cannot be done).
+    uint64_t chunk = kChunkBytes;
+    if (cmd.compressed) {
+      chunk = image_.GetChainInfo()[0].cluster_size;
+      if (chunk == 0) chunk = cmd.length;
+    }
+    std::vector<uint8_t> buf(std::min(chunk, cmd.length),
                              cmd.pattern.value_or(kDefaultPattern));
     for (uint64_t done = 0; done < cmd.length;) {
       const size_t n = static_cast<size_t>(
           std::min<uint64_t>(buf.size(), cmd.length - done));
-      auto s =
-          image_.Write(cmd.offset + done, absl::MakeConstSpan(buf.data(), n));
+      const auto data = absl::MakeConstSpan(buf.data(), n);
+      auto s = cmd.compressed ? image_.WriteCompressed(cmd.offset + done, data)
+                              : image_.Write(cmd.offset + done, data);
       if (!s.ok()) return s;
       done += n;
     }

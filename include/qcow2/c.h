@@ -138,6 +138,15 @@ QCOW2_EXPORT int qcow2_image_read(qcow2_image_t* img, uint64_t offset,
 QCOW2_EXPORT int qcow2_image_write(qcow2_image_t* img, uint64_t offset,
                                    const void* buf, size_t len,
                                    char** errptr);
+/* Writes one guest cluster stored compressed (Image::WriteCompressed):
+ * `offset` cluster-aligned, `len` the cluster size (or what is left of
+ * the disk's last cluster). Stored uncompressed when compression saves
+ * nothing. -ENOTSUP for a raw image, -EINVAL for a range that is not one
+ * whole cluster. */
+QCOW2_EXPORT int qcow2_image_write_compressed(qcow2_image_t* img,
+                                              uint64_t offset,
+                                              const void* buf, size_t len,
+                                              char** errptr);
 /* Makes the range read as zeros (never as backing data); with `unmap`
  * non-zero, host clusters may be released. */
 QCOW2_EXPORT int qcow2_image_write_zeroes(qcow2_image_t* img, uint64_t offset,

@@ -136,6 +136,21 @@ class QCOW2_EXPORT Image {
   // REQUIRES: writable(); offset + data.size() <= size().
   absl::Status Write(uint64_t offset, absl::Span<const uint8_t> data);
 
+  // Writes one guest cluster stored compressed, as `qemu-io -c 'write -c'`
+  // and `qemu-img convert -c` do: `offset` is cluster-aligned and `data`
+  // one whole cluster, or what is left of the disk's last cluster (then
+  // compressed padded with zeros). The cluster is compressed with the
+  // image's compression type (zlib or zstd) on the calling thread, with no
+  // lock held; it is stored compressed when the stream is shorter than a
+  // cluster, else written as Write() would. Compressed clusters are packed
+  // several to a host cluster, as QEMU packs them. An allocated cluster is
+  // replaced (its old host cluster let go of once the new entry is in
+  // place), where QEMU refuses with EIO. Durable after the next Flush().
+  // Errors: kUnimplemented for a raw image; kInvalidArgument for a range
+  // that is not one whole cluster; as Write() otherwise.
+  // REQUIRES: writable(); offset + data.size() <= size().
+  absl::Status WriteCompressed(uint64_t offset, absl::Span<const uint8_t> data);
+
   // Makes the range read as zeros (never exposing backing data). With
   // `unmap`, host clusters may be released.
   absl::Status WriteZeroes(uint64_t offset, uint64_t len, bool unmap = false);

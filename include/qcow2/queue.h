@@ -110,6 +110,13 @@ class QCOW2_EXPORT Queue {
                           Completion done);
   absl::Status SubmitWrite(uint64_t offset, absl::Span<const uint8_t> data,
                            Completion done);
+  // As Image::WriteCompressed (one whole cluster, stored compressed when
+  // that saves space): the cluster is compressed inside this call, on the
+  // submitting thread; errors of that (raw image, a range that is not one
+  // cluster) are returned at once.
+  absl::Status SubmitWriteCompressed(uint64_t offset,
+                                     absl::Span<const uint8_t> data,
+                                     Completion done);
   // Vectored forms: the request covers the segments in order, `offset` to
   // offset + the sum of their lengths, as one request (ordered, atomic
   // against overlapping requests, one callback). The bytes move between

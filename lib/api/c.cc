@@ -433,6 +433,16 @@ int qcow2_image_write(qcow2_image_t* img, uint64_t offset, const void* buf,
                 errptr);
 }
 
+int qcow2_image_write_compressed(qcow2_image_t* img, uint64_t offset,
+                                 const void* buf, size_t len, char** errptr) {
+  if (NullArg(img, "image", errptr)) return -EINVAL;
+  if (len > 0 && NullArg(buf, "buffer", errptr)) return -EINVAL;
+  return Report(img->image->WriteCompressed(
+                    offset, absl::MakeConstSpan(
+                                static_cast<const uint8_t*>(buf), len)),
+                errptr);
+}
+
 int qcow2_image_write_zeroes(qcow2_image_t* img, uint64_t offset, uint64_t len,
                              int unmap, char** errptr) {
   if (NullArg(img, "image", errptr)) return -EINVAL;

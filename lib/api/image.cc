@@ -77,6 +77,18 @@ absl::Status Image::Write(uint64_t offset, absl::Span<const uint8_t> data) {
   return internal::RunSync(engine_.get(), &r);
 }
 
+absl::Status Image::WriteCompressed(uint64_t offset,
+                                    absl::Span<const uint8_t> data) {
+  Request r;
+  r.kind = Request::Kind::kWrite;
+  r.offset = offset;
+  r.len = data.size();
+  r.wbuf = data.data();
+  r.compressed = true;
+  RETURN_IF_ERROR(engine_->PrepareCompressed(&r));
+  return internal::RunSync(engine_.get(), &r);
+}
+
 absl::Status Image::WriteZeroes(uint64_t offset, uint64_t len, bool unmap) {
   Request r;
   r.kind = Request::Kind::kWriteZeroes;

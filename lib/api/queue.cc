@@ -38,6 +38,22 @@ absl::Status Queue::SubmitWrite(uint64_t offset, absl::Span<const uint8_t> data,
   return impl_->Submit(std::move(r));
 }
 
+absl::Status Queue::SubmitWriteCompressed(uint64_t offset,
+                                          absl::Span<const uint8_t> data,
+                                          Completion done) {
+  auto r = std::make_unique<Request>();
+  r->kind = Request::Kind::kWrite;
+  r->offset = offset;
+  r->len = data.size();
+  r->wbuf = data.data();
+  r->compressed = true;
+  if (absl::Status s = impl_->engine()->PrepareCompressed(r.get()); !s.ok()) {
+    return s;
+  }
+  r->done = std::move(done);
+  return impl_->Submit(std::move(r));
+}
+
 namespace {
 
 // The request of a vectored read or write: one segment is a plain request.

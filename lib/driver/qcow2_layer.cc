@@ -84,6 +84,7 @@ absl::Status OpenForWriting(Qcow2State* s, HeaderWriter* header,
     const uint64_t cs = s->header.cluster_size();
     s->map->l2_cache().Invalidate(offset, cs);
     s->refcounts->cache().Invalidate(offset, cs);
+    if (s->compressed_next / cs == offset / cs) s->compressed_next = 0;
   });
   s->refcounts->cache().set_counters(&IoStats::refcount_read_bytes,
                                      &IoStats::refcount_write_bytes);

@@ -51,6 +51,11 @@ struct Qcow2State {
   bool lazy_refcounts = false;           // the compatible feature bit
   bool closed = false;                   // Close() succeeded
   bool marked_corrupt = false;  // by HeaderWriter::Fail; caches abandoned
+  // The next free byte of the host cluster that compressed clusters are
+  // being packed into (WritePlanner::PlanWriteCompressed); 0: none. Reset
+  // when that cluster's refcount drops to 0 (the free hook), so a freed
+  // and reused cluster is never packed into.
+  uint64_t compressed_next = 0;
 };
 
 }  // namespace qcow2::internal

@@ -76,6 +76,22 @@ class WritePlanner {
                          IoPlan* plan, bool fine = false,
                          ProbeProgress* probe = nullptr);
 
+  // Plans the write of guest cluster `offset` (cluster-aligned) stored as
+  // the compressed cluster `stream` (CompressCluster's output, shorter
+  // than a cluster), packed into host clusters as QEMU packs them: each
+  // stream starts where the last one ended (on a block of its own when
+  // the file needs aligned I/O), runs on into the next host cluster when
+  // that one is free, and every host cluster it touches counts it once.
+  // The stream is written before the L2 entry names it; an old host
+  // cluster the entry named is let go of after the entry changes (QEMU
+  // refuses to overwrite an allocated cluster with EIO; we replace it as
+  // any allocating write does). With extended L2 entries the bitmap
+  // becomes 0. Under a MissDeferral, probes first as PlanWrite does.
+  absl::Status PlanWriteCompressed(uint64_t offset,
+                                   absl::Span<const uint8_t> stream,
+                                   uint64_t guest_len, IoPlan* plan,
+                                   ProbeProgress* probe = nullptr);
+
   // PlanWrite's step for the part of the write inside one guest cluster.
   // Errors are returned as they are (not passed to Fail).
   absl::Status PlanWriteCluster(uint64_t cluster, uint64_t in_cluster,
@@ -136,6 +152,11 @@ class WritePlanner {
   absl::Status Shrink(uint64_t new_size);
 
  private:
+  // Takes `len` bytes (< a cluster) of host space for a compressed
+  // stream: in the cluster being packed (s_->compressed_next), or a new
+  // one; the refcount of every host cluster the bytes touch goes up by
+  // one (in the cache). Returns the host byte offset.
+  absl::StatusOr<uint64_t> AllocateCompressedBytes(uint64_t len);
   // Zeroes host clusters [host, +len) for PreallocateGrown.
   absl::Status ZeroHostRun(uint64_t host, uint64_t len, uint64_t old_file_size,
                            Preallocation mode);

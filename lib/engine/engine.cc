@@ -76,7 +76,7 @@ bool Engine::Begin(Request* r) {
   if (r->kind == Request::Kind::kWrite && top != nullptr) {
     // A vectored write of several segments holds its whole clusters
     // (request.h: Request::segs).
-    fine = !r->scattered_write() &&
+    fine = !r->scattered_write() && !r->compressed &&
            top->pending().FineWritable(r->offset, r->len, /*stream=*/true);
     top->pending().NoteWriteBegun(r->offset, r->len);
   }

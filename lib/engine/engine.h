@@ -58,6 +58,15 @@ class Engine {
 
   // --- Request steps. Thread-safe; each takes the lock for its part.
 
+  // For a compressed write (r->compressed, wbuf/len one guest cluster, or
+  // the disk's last part of one): checks it as Validate does, and that the
+  // top is qcow2 (kUnimplemented for raw) and the range one whole cluster
+  // (kInvalidArgument); then, with no lock held, compresses the cluster
+  // (zero-padded) with the image's compression type into r->stream, or
+  // clears r->compressed when that saves nothing. Thread-safe; the caller
+  // then runs r as any request.
+  absl::Status PrepareCompressed(Request* r) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Checks the request (closed, writable, range) without queuing it.
   absl::Status Validate(const Request& r) const ABSL_LOCKS_EXCLUDED(mu_);
   // Returns true if the request was planned (or failed: see r->status) and

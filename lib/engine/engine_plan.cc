@@ -101,6 +101,19 @@ void Engine::PlanLocked(Request* r) {
       }
       const bool fine = r->lock.fine;
       if (!fine && PlanFillRound(r, top)) break;
+      if (r->compressed) {
+        if (r->compressed_for != top) {
+          r->status = absl::FailedPreconditionError(
+              "the image's top changed while a compressed write was "
+              "prepared for it");
+          break;
+        }
+        PlanDeferringMisses(r, [&] {
+          return top->writer().PlanWriteCompressed(
+              r->offset, r->stream, r->len, &r->plan, &r->probe);
+        });
+        break;
+      }
       PlanDeferringMisses(r, [&] {
         return top->writer().PlanWrite(r->offset, absl::MakeConstSpan(r->wbuf, r->len),
                               &r->plan, fine, &r->probe);

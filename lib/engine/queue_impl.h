@@ -38,6 +38,7 @@ class QueueImpl final : public Executor,
   int in_flight() const { return in_flight_; }
 
   absl::Status Submit(std::unique_ptr<Request> r);
+  Engine* engine() const { return engine_; }
   int Poll(int min_complete);
   // The embedder's notifier (Queue::EventFd): created on the first call.
   int EventFd();

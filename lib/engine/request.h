@@ -134,6 +134,13 @@ struct Request {
   // byte-range write keeps a contiguous pointer to the guest data.
   std::vector<iovec> segs;
   bool unmap = false;             // kWriteZeroes
+  // kWrite of one guest cluster stored compressed
+  // (Engine::PrepareCompressed compressed wbuf into `stream`, with no lock
+  // held, for the top layer `compressed_for`). A cluster that does not
+  // compress is a plain write: `compressed` is cleared.
+  bool compressed = false;
+  std::vector<uint8_t> stream;
+  const void* compressed_for = nullptr;
   Completion done;
 
   RangeLock lock;

@@ -1,0 +1,271 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "tools/convert_copy.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace qcow2::tool {
+namespace {
+
+// Bytes a worker reads and writes at a time when not compressing
+// (qemu-img's IO_BUF_SIZE).
+constexpr uint64_t kChunkBytes = 2 << 20;
+
+const std::vector<uint8_t>& Zeros() {
+  static const auto* zeros = new std::vector<uint8_t>(kChunkBytes, 0);
+  return *zeros;
+}
+
+bool AllZero(const uint8_t* p, size_t len) {
+  return len == 0 || (p[0] == 0 && std::memcmp(p, p + 1, len - 1) == 0);
+}
+
+// What a range of the target needs: the source's data, zeros, or nothing
+// (its backing file provides it).
+enum class Kind { kData, kZero, kSkip };
+
+struct Chunk {
+  uint64_t offset;
+  uint64_t len;
+  Kind kind;
+};
+
+// The chunks of the whole disk, none crossing a multiple of `window`;
+// with `merge_window` (compressing: one chunk per target cluster), a
+// window of mixed kinds is one data chunk (read through the source's
+// chain, which gives the backing's bytes too).
+absl::StatusOr<std::vector<Chunk>> PlanChunks(Image& source,
+                                              const CopyOptions& opts,
+                                              uint64_t window,
+                                              bool merge_window) {
+  const uint64_t size = source.size();
+  const bool source_has_backing = source.chain_length() > 1;
+  std::vector<Chunk> chunks;
+  auto add = [&](uint64_t off, uint64_t len, Kind kind) {
+    while (len > 0) {
+      const uint64_t n = std::min(len, window - off % window);
+      Chunk* last = chunks.empty() ? nullptr : &chunks.back();
+      const bool same_window =
+          last != nullptr && last->offset / window == off / window;
+      if (same_window && (last->kind == kind || merge_window)) {
+        last->len += n;
+        if (last->kind != kind) last->kind = Kind::kData;
+      } else {
+        chunks.push_back({off, n, kind});
+      }
+      off += n;
+      len -= n;
+    }
+  };
+  for (uint64_t pos = 0; pos < size;) {
+    absl::StatusOr<BlockStatus> bs = source.GetBlockStatus(pos, size - pos);
+    if (!bs.ok()) return bs.status();
+    if (bs->length == 0) {
+      return absl::InternalError(
+          absl::StrCat("no block status at byte ", pos, " of the source"));
+    }
+    Kind kind = bs->zero ? Kind::kZero : Kind::kData;
+    if (opts.target_has_backing && !(bs->present && bs->depth == 0)) {
+      // Not in the source's top: as qemu-img, left to the target's
+      // backing file when the top has one, else zeros.
+      kind = source_has_backing ? Kind::kSkip : Kind::kZero;
+    }
+    add(pos, bs->length, kind);
+    pos += bs->length;
+  }
+  return chunks;
+}
+
+// Largest power of two <= n (n > 0).
+uint64_t Pow2Floor(uint64_t n) { return uint64_t{1} << (63 - __builtin_clzll(n)); }
+
+class Copier {
+ public:
+  Copier(Image& source, ConvertTarget& target, const CopyOptions& opts,
+         std::vector<Chunk> chunks)
+      : source_(source),
+        target_(target),
+        opts_(opts),
+        chunks_(std::move(chunks)),
+        size_(source.size()) {}
+
+  absl::Status Run() {
+    const int n = std::max(1, opts_.workers);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < n; ++i) threads.emplace_back([this] { Work(); });
+    for (auto& t : threads) t.join();
+    return error_;
+  }
+
+ private:
+  void Work() {
+    std::vector<uint8_t> buf(
+        opts_.compressed ? opts_.cluster_size : kChunkBytes);
+    for (;;) {
+      const size_t i = next_.fetch_add(1);
+      if (i >= chunks_.size() || failed_.load()) return;
+      const Chunk& c = chunks_[i];
+      absl::Status s;
+      if (c.kind == Kind::kData) {
+        s = source_.Read(c.offset, absl::MakeSpan(buf.data(), c.len));
+        if (!s.ok()) {
+          s = absl::Status(s.code(), absl::StrCat("error while reading at byte ",
+                                                  c.offset, ": ", s.message()));
+        }
+      }
+      if (!WaitTurn(i)) return;
+      if (s.ok()) s = WriteChunk(c, buf.data());
+      EndTurn(i, s, c.len);
+      if (!s.ok()) return;
+    }
+  }
+
+  // In guest order unless -W: chunk i is written after chunk i - 1's write
+  // finished (reads run ahead). False when another worker failed.
+  bool WaitTurn(size_t i) {
+    if (opts_.out_of_order) return !failed_.load();
+    std::unique_lock<std::mutex> lock(mu_);
+    turn_cv_.wait(lock, [&] { return turn_ == i || failed_.load(); });
+    return !failed_.load();
+  }
+
+  void EndTurn(size_t i, const absl::Status& s, uint64_t len) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!s.ok() && error_.ok()) {
+      error_ = s;
+      failed_.store(true);
+    }
+    if (!opts_.out_of_order) turn_ = i + 1;
+    turn_cv_.notify_all();
+    if (s.ok() && opts_.progress) {
+      opts_.progress(static_cast<float>(100.0 * static_cast<double>(len) /
+                                        static_cast<double>(size_)));
+    }
+  }
+
+  absl::Status WriteChunk(const Chunk& c, const uint8_t* data) {
+    absl::Status s = WriteChunkUnnamed(c, data);
+    if (s.ok()) return s;
+    return absl::Status(s.code(), absl::StrCat("error while writing at byte ",
+                                               c.offset, ": ", s.message()));
+  }
+
+  absl::Status WriteChunkUnnamed(const Chunk& c, const uint8_t* data) {
+    switch (c.kind) {
+      case Kind::kSkip:
+        return absl::OkStatus();
+      case Kind::kZero:
+        return Zero(c.offset, c.len);
+      case Kind::kData:
+        break;
+    }
+    const auto whole = absl::MakeConstSpan(data, c.len);
+    if (opts_.compressed) {
+      // A cluster is written whole: only an all-zero one is saved.
+      if (opts_.min_sparse > 0 && AllZero(data, c.len)) {
+        return Zero(c.offset, c.len);
+      }
+      return target_.WriteCompressed(c.offset, whole);
+    }
+    if (opts_.min_sparse == 0) return target_.Write(c.offset, whole);
+    return WriteSparse(c, data);
+  }
+
+  // Zeros: written as data with -S 0 (a fully allocated target), nothing
+  // where the target reads as zeros already, else a write of zeros.
+  absl::Status Zero(uint64_t offset, uint64_t len) {
+    if (opts_.min_sparse == 0) {
+      for (uint64_t done = 0; done < len;) {
+        const uint64_t n = std::min<uint64_t>(len - done, kChunkBytes);
+        const auto zeros = absl::MakeConstSpan(Zeros().data(), n);
+        absl::Status s = opts_.compressed
+                             ? target_.WriteCompressed(offset + done, zeros)
+                             : target_.Write(offset + done, zeros);
+        if (!s.ok()) return s;
+        done += n;
+      }
+      return absl::OkStatus();
+    }
+    if (opts_.zero_init) return absl::OkStatus();
+    return target_.WriteZeroes(offset, len);
+  }
+
+  // qemu-img's sparse detection (is_allocated_sectors_min): zero runs of
+  // at least -S bytes (a short chunk: its length), counted in units of
+  // -S's power-of-two floor aligned to the disk, are zeros; the rest, and
+  // shorter zero runs, data.
+  absl::Status WriteSparse(const Chunk& c, const uint8_t* data) {
+    const uint64_t unit = Pow2Floor(opts_.min_sparse);
+    const uint64_t min = std::min(opts_.min_sparse, c.len);
+    const uint64_t end = c.offset + c.len;
+    uint64_t data_from = c.offset;  // start of the data not yet written
+    uint64_t pos = c.offset;
+    while (pos < end) {
+      // The zero run starting at pos, if any.
+      uint64_t run_end = pos;
+      while (run_end < end) {
+        const uint64_t u_end = std::min(end, (run_end / unit + 1) * unit);
+        if (!AllZero(data + (run_end - c.offset), u_end - run_end)) break;
+        run_end = u_end;
+      }
+      if (run_end - pos >= min) {
+        if (pos > data_from) {
+          absl::Status s = target_.Write(
+              data_from,
+              absl::MakeConstSpan(data + (data_from - c.offset),
+                                  pos - data_from));
+          if (!s.ok()) return s;
+        }
+        absl::Status s = Zero(pos, run_end - pos);
+        if (!s.ok()) return s;
+        data_from = run_end;
+        pos = run_end;
+      } else {
+        pos = std::min(end, (std::max(run_end, pos + 1) / unit + 1) * unit);
+        if (run_end > pos) pos = run_end;
+      }
+    }
+    if (end > data_from) {
+      return target_.Write(
+          data_from,
+          absl::MakeConstSpan(data + (data_from - c.offset), end - data_from));
+    }
+    return absl::OkStatus();
+  }
+
+  Image& source_;
+  ConvertTarget& target_;
+  const CopyOptions& opts_;
+  const std::vector<Chunk> chunks_;
+  const uint64_t size_;
+  std::atomic<size_t> next_{0};
+  std::atomic<bool> failed_{false};
+  std::mutex mu_;
+  std::condition_variable turn_cv_;
+  size_t turn_ = 0;     // guarded by mu_
+  absl::Status error_;  // guarded by mu_ (read after the workers end)
+};
+
+}  // namespace
+
+absl::Status CopyImage(Image& source, ConvertTarget& target,
+                       const CopyOptions& opts) {
+  const bool merge = opts.compressed;
+  absl::StatusOr<std::vector<Chunk>> chunks = PlanChunks(
+      source, opts, merge ? opts.cluster_size : kChunkBytes, merge);
+  if (!chunks.ok()) return chunks.status();
+  if (opts.progress) opts.progress(0);
+  Copier copier(source, target, opts, std::move(chunks).value());
+  absl::Status s = copier.Run();
+  absl::Status f = target.Finish();
+  return s.ok() ? f : s;
+}
+
+}  // namespace qcow2::tool
