@@ -131,6 +131,23 @@ absl::Status CopyDown(const std::vector<Chunk>& ranges,
   return s;
 }
 
+// Grows a raw base to `size` bytes (the library does not resize raw
+// images; QEMU's commit truncates the file up): the new part reads as
+// zeros.
+absl::Status GrowRawFile(const std::string& path, uint64_t size,
+                         const OpenOptions& base_opts) {
+  FileOpener* opener =
+      base_opts.opener ? base_opts.opener : DefaultFileOpener();
+  FileOptions fo;
+  fo.read_only = false;
+  fo.lock = base_opts.lock;
+  ASSIGN_OR_RETURN(std::unique_ptr<File> file, opener->Open(path, fo));
+  ASSIGN_OR_RETURN(uint64_t have, file->Size());
+  if (have >= size) return absl::OkStatus();
+  RETURN_IF_ERROR(file->Truncate(size));
+  return file->Flush();
+}
+
 }  // namespace
 
 absl::StatusOr<int> FindInChain(const std::vector<LayerInfo>& chain,
@@ -187,6 +204,11 @@ absl::StatusOr<CommitResult> Commit(const CommitSpec& spec,
     ro.open_backing = false;
     ro.format = FormatName(chain[d].format);
     ASSIGN_OR_RETURN(readers[d], Image::Open(chain[d].filename, ro));
+  }
+  if (chain[base_depth].format == ImageFormat::kRaw &&
+      chain[base_depth].virtual_size < top_size) {
+    RETURN_IF_ERROR(
+        GrowRawFile(chain[base_depth].filename, top_size, opts.open));
   }
   {
     OpenOptions wo = opts.open;
