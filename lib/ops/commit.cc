@@ -188,6 +188,12 @@ absl::StatusOr<CommitResult> Commit(const CommitSpec& spec,
     if (!spec.base.empty()) {
       ASSIGN_OR_RETURN(base_depth, FindInChain(chain, spec.base));
     }
+    if (!spec.keep_top && spec.base.empty() && chain[0].snapshot_count > 0) {
+      return absl::UnimplementedError(absl::StrCat(
+          chain[0].filename,
+          ": emptying an image with internal snapshots after a commit is not "
+          "supported yet (commit -d leaves it as it is)"));
+    }
     top_size = image->size();
     ASSIGN_OR_RETURN(ranges, RangesAbove(image.get(), base_depth));
     RETURN_IF_ERROR(image->Close());

@@ -95,7 +95,8 @@ struct CommitResult {
 // intermediate layers and every backing name stay as they were. A base
 // smaller than the top is grown first. Errors: kFailedPrecondition
 // "Image does not have a backing file"; kNotFound "Did not find 'BASE' in
-// the backing chain of 'TOP'".
+// the backing chain of 'TOP'"; kUnimplemented, before anything is
+// written, when the top would be emptied and has internal snapshots.
 absl::StatusOr<CommitResult> Commit(const CommitSpec& spec,
                                     const ChainOpOptions& opts);
 
