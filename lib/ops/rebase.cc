@@ -76,10 +76,12 @@ class RebaseChunks {
   uint64_t pos_ = 0;
 };
 
-// Whether sector `i` of the chunk differs between the old and new data.
-bool SectorDiffers(const Slot& s, uint64_t i) {
+// Whether sector `i` of the chunk differs between the old data (s.a) and
+// the new (s.b, or zeros with no new backing file).
+bool SectorDiffers(const Slot& s, uint64_t i, bool have_new) {
   const uint64_t off = i * kSector;
   const uint64_t n = std::min(kSector, s.chunk.len - off);
+  if (!have_new) return !AllZero(s.a.data() + off, n);
   return std::memcmp(s.a.data() + off, s.b.data() + off, n) != 0;
 }
 
@@ -123,6 +125,7 @@ absl::Status CopyForRebase(Image* top, Image* new_backing, int shared_depth,
                               std::move(done));
       }));
     }
+    if (new_backing == nullptr) return absl::OkStatus();  // zeros
     const uint64_t in_new =
         c.offset < new_size ? std::min(c.len, new_size - c.offset) : 0;
     std::memset(s.b.data() + in_new, 0, c.len - in_new);
@@ -134,18 +137,19 @@ absl::Status CopyForRebase(Image* top, Image* new_backing, int shared_depth,
   };
   // Stage 2: the runs of differing sectors go into the top, zeros as
   // write-zeroes.
+  const bool have_new = new_backing != nullptr;
   auto write = [&](Slot& s) -> absl::Status {
     const Chunk& c = s.chunk;
     const uint64_t sectors = (c.len + kSector - 1) / kSector;
     for (uint64_t i = 0; i < sectors;) {
-      if (!SectorDiffers(s, i)) {
+      if (!SectorDiffers(s, i, have_new)) {
         ++i;
         continue;
       }
       uint64_t end = i + 1;  // one past the last differing sector
       for (uint64_t j = end; j < sectors && (j - end) * kSector < kMergeGap;
            ++j) {
-        if (SectorDiffers(s, j)) end = j + 1;
+        if (SectorDiffers(s, j, have_new)) end = j + 1;
       }
       const uint64_t off = i * kSector;
       const uint64_t len = std::min(end * kSector, c.len) - off;
