@@ -95,7 +95,7 @@ enum class Op {
   kCommit,         // commit TOP
   kCommitKeep,     // commit -d TOP
   kCommitBottom,   // commit -b layer0 TOP
-  kCommitMiddle,   // commit -b layer1 TOP
+  kCommitMiddle,   // commit -b layer1 TOP (3 images or more)
   kRebaseBottom,   // rebase -F FMT -b layer0 TOP
   kRebaseOther,    // rebase -F qcow2 -b other.qcow2 TOP (outside the chain)
   kRebaseUnsafe,   // rebase -u -F qcow2 -b other.qcow2 TOP
@@ -197,11 +197,10 @@ class LifecycleTest : public ::testing::TestWithParam<Case> {
         return {"commit", top};
       case Op::kCommitKeep:
         return {"commit", "-d", top};
-      case Op::kCommitBottom:
-        if (n < 3) return {};
+      case Op::kCommitBottom:  // even the top's own backing: -b implies -d
         return {"commit", "-b", Name(0), top};
       case Op::kCommitMiddle:
-        if (n < 4) return {};
+        if (n < 3) return {};
         return {"commit", "-b", Name(1), top};
       case Op::kRebaseBottom:
         return {"rebase", "-F", Format(0), "-b", Name(0), top};
@@ -351,6 +350,9 @@ TEST(LifecycleCliTest, ErrorsAsQemuImg) {
       auto paths, testing::QemuBuildChain(
                       dir.path(), {Layer(65536, false, 1), Layer(65536, false, 2)}));
   const std::string top = paths[1], base = paths[0];
+  const std::string raw = dir.File("disk.raw");
+  ASSERT_EQ(Tool("qemu-img", {"create", "-q", "-f", "raw", raw, "1M"}).exit_code,
+            0);
   struct Row {
     std::vector<std::string> args;
     std::string message;
@@ -366,6 +368,8 @@ TEST(LifecycleCliTest, ErrorsAsQemuImg) {
       {{"stream", "-b", "missing.qcow2", top},
        "Did not find 'missing.qcow2' in the backing chain of"},
       {{"commit", top, top}, "Expecting one image file name"},
+      {{"rebase", "-f", "raw", "-u", "-F", "qcow2", "-b", "layer0.qcow2", raw},
+       "Could not change the backing file to 'layer0.qcow2'"},
   };
   for (const Row& row : rows) {
     CommandResult r = Tool(testing::QcowtoolPath(), row.args);

@@ -203,8 +203,13 @@ absl::Status Rebase(const RebaseSpec& spec, const ChainOpOptions& opts) {
   // Unsafe: the old backing file is not needed (it may be gone).
   if (spec.unsafe) oo.open_backing = false;
   ASSIGN_OR_RETURN(std::unique_ptr<Image> top, Image::Open(spec.image, oo));
+  const std::vector<LayerInfo> chain = top->GetChainInfo();
+  if (chain[0].format == ImageFormat::kRaw) {
+    // Refused before anything is copied (qemu-img copies, then fails).
+    return change_error(absl::UnimplementedError(
+        "a raw image has no backing file (Operation not supported)"));
+  }
   if (!spec.unsafe) {
-    const std::vector<LayerInfo> chain = top->GetChainInfo();
     std::unique_ptr<Image> new_backing;
     int shared = INT_MAX;
     if (!spec.backing.empty()) {
