@@ -25,6 +25,7 @@ set(QCOW2_LIB_SOURCES
   ${PROJECT_SOURCE_DIR}/lib/driver/flush_sequencer.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/header_writer.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/host_space.cc
+  ${PROJECT_SOURCE_DIR}/lib/driver/make_empty.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/metadata_guard.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/pending_clusters.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/qcow2_layer.cc
@@ -60,6 +61,10 @@ set(QCOW2_LIB_SOURCES
   ${PROJECT_SOURCE_DIR}/lib/meta/metadata_cache.cc
   ${PROJECT_SOURCE_DIR}/lib/meta/refcounts.cc
   ${PROJECT_SOURCE_DIR}/lib/meta/write_back_file.cc
+  ${PROJECT_SOURCE_DIR}/lib/ops/chunk_runner.cc
+  ${PROJECT_SOURCE_DIR}/lib/ops/commit.cc
+  ${PROJECT_SOURCE_DIR}/lib/ops/rebase.cc
+  ${PROJECT_SOURCE_DIR}/lib/ops/stream.cc
 )
 set(QCOWTOOL_SOURCES
   ${PROJECT_SOURCE_DIR}/tools/bench_device.cc
@@ -69,6 +74,7 @@ set(QCOWTOOL_SOURCES
   ${PROJECT_SOURCE_DIR}/tools/bench_runner.cc
   ${PROJECT_SOURCE_DIR}/tools/bench_setup.cc
   ${PROJECT_SOURCE_DIR}/tools/bench_svg.cc
+  ${PROJECT_SOURCE_DIR}/tools/chain_op_cli.cc
   ${PROJECT_SOURCE_DIR}/tools/cli_util.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_bench.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_bench_cdm.cc
@@ -80,6 +86,7 @@ set(QCOWTOOL_SOURCES
   ${PROJECT_SOURCE_DIR}/tools/cmd_bench_sweep.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_bitmap.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_check.cc
+  ${PROJECT_SOURCE_DIR}/tools/cmd_commit.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_compare.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_convert.cc
   ${PROJECT_SOURCE_DIR}/tools/convert_copy.cc
@@ -88,9 +95,11 @@ set(QCOWTOOL_SOURCES
   ${PROJECT_SOURCE_DIR}/tools/cmd_io.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_map.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_measure.cc
+  ${PROJECT_SOURCE_DIR}/tools/cmd_rebase.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_resize.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_serve.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_snapshot.cc
+  ${PROJECT_SOURCE_DIR}/tools/cmd_stream.cc
   ${PROJECT_SOURCE_DIR}/tools/create_options.cc
   ${PROJECT_SOURCE_DIR}/tools/host_probe.cc
   ${PROJECT_SOURCE_DIR}/tools/image_info.cc

@@ -25,6 +25,9 @@ int RunBitmap(int argc, char** argv);
 int RunCompare(int argc, char** argv);
 int RunResize(int argc, char** argv);
 int RunMeasure(int argc, char** argv);
+int RunRebase(int argc, char** argv);
+int RunCommit(int argc, char** argv);
+int RunStream(int argc, char** argv);
 
 }  // namespace qcow2::tool
 

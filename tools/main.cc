@@ -36,6 +36,10 @@ constexpr Command kCommands[] = {
     {"compare", RunCompare, "check whether two images have the same contents"},
     {"resize", RunResize, "change the virtual size of an image"},
     {"measure", RunMeasure, "compute the file size a new image needs"},
+    {"rebase", RunRebase, "change an image's backing file (safe or -u)"},
+    {"commit", RunCommit, "write an image's data into its backing file"},
+    {"stream", RunStream,
+     "pull the chain's data into an image, keeping a base (qcowtool only)"},
 };
 
 std::string Usage() {

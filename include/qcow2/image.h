@@ -247,6 +247,25 @@ class QCOW2_EXPORT Image {
   // synchronous calls, since Open.
   IoStats GetStats() const;
 
+  // Rewrites the top image's backing file name and format in its header,
+  // as `qemu-img rebase -u` and `amend -o backing_file=` do: `name` is
+  // stored as given (a relative name is relative to the top image's
+  // directory), `format` ("qcow2", "raw", ...) goes into the backing
+  // format extension; an empty `name` (and `format`) leaves the image
+  // with no backing file. Everything written before the call is flushed
+  // first; then cluster 0 is rewritten in one write, so a power cut
+  // leaves the old name or the new one, never a mix. The data is not
+  // touched: what the image reads as may change (see `qcowtool rebase`
+  // for the safe form). The chain already open keeps reading through the
+  // backing files it opened; reopen the image to read through the new
+  // one. Errors: kUnimplemented for a raw top; kInvalidArgument for a
+  // name over 1023 bytes, with a NUL byte, a format without a name, or a
+  // name that does not fit in the first cluster after the header
+  // extensions (nothing is written then).
+  // REQUIRES: writable(); no requests in flight (as Resize).
+  absl::Status ChangeBackingFile(const std::string& name,
+                                 const std::string& format);
+
  private:
   explicit Image(std::unique_ptr<internal::Engine> engine);
   std::unique_ptr<internal::Engine> engine_;

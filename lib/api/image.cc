@@ -124,6 +124,11 @@ absl::Status Image::CreateOverlay(const std::string& path,
   return engine_->CreateOverlay(path, opts);
 }
 
+absl::Status Image::ChangeBackingFile(const std::string& name,
+                                      const std::string& format) {
+  return engine_->ChangeBackingFile(name, format);
+}
+
 std::vector<LayerInfo> Image::GetChainInfo() const {
   return engine_->GetChainInfo();
 }

@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "lib/driver/header_writer.h"
 
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "lib/base/endian.h"
 #include "lib/base/events.h"
 #include "lib/base/io_context.h"
 #include "lib/base/status_macros.h"
@@ -31,6 +34,60 @@ absl::Status HeaderWriter::WriteWholeHeader() {
   CountMetadata(&IoStats::host_flushes, 1);
   RETURN_IF_ERROR(s_->meta->WriteAt(0, enc));
   return s_->meta->Flush();
+}
+
+absl::Status HeaderWriter::ChangeBackingFile(const std::string& name,
+                                             const std::string& format) {
+  const std::string& file = s_->file->name();
+  if (s_->closed) {
+    return absl::FailedPreconditionError(absl::StrCat(file, ": image is closed"));
+  }
+  if (!s_->writable) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(file, " is not open for writing"));
+  }
+  if (name.empty() && !format.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        file, ": a backing format ('", format, "') needs a backing file"));
+  }
+  if (name.find('\0') != std::string::npos ||
+      format.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        file, ": a backing file name or format may not hold a NUL byte"));
+  }
+  if (name.size() > kMaxBackingFileNameSize) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        file, ": backing file name is ", name.size(),
+        " bytes, longer than the qcow2 limit of ", kMaxBackingFileNameSize));
+  }
+  const Header original = s_->header;
+  Header& h = s_->header;
+  h.backing_file = name;
+  h.backing_format = format.empty() ? std::nullopt
+                                    : std::optional<std::string>(format);
+  if (name.empty()) {
+    h.backing_file_offset = 0;
+    h.backing_file_size = 0;
+  }
+  // Encoded first: a name that does not fit changes nothing on disk.
+  if (absl::StatusOr<std::vector<uint8_t>> enc = EncodeHeader(h); !enc.ok()) {
+    h = original;
+    return absl::InvalidArgumentError(absl::StrCat(
+        file, ": backing file name '", name, "' (", name.size(),
+        " bytes) does not fit in the first cluster (", h.cluster_size(),
+        " bytes) after the header and its extensions"));
+  }
+  if (absl::Status s = WriteWholeHeader(); !s.ok()) {
+    h = original;
+    return s;
+  }
+  // The offset and size the encoder chose, as a reopen would read them.
+  if (!name.empty()) {
+    ASSIGN_OR_RETURN(std::vector<uint8_t> enc, EncodeHeader(h));
+    h.backing_file_offset = LoadBE64(enc.data() + 8);
+    h.backing_file_size = static_cast<uint32_t>(name.size());
+  }
+  return absl::OkStatus();
 }
 
 absl::Status HeaderWriter::PrepareWrite() {

@@ -6,6 +6,7 @@
 #define QCOW2_LIB_DRIVER_HEADER_WRITER_H_
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 #include "lib/driver/qcow2_state.h"
@@ -22,6 +23,18 @@ class HeaderWriter {
   // Rewrites cluster 0: the header, its extensions and the backing file
   // name, zero padded (one write), and flushes.
   absl::Status WriteWholeHeader();
+
+  // Gives the image a new backing file name and format ("" for either:
+  // none; a format needs a name) in one write of cluster 0, as QEMU's
+  // qcow2_change_backing_file does: a power cut leaves the old name or
+  // the new one. kInvalidArgument for a name over 1023 bytes, with a NUL
+  // byte, or that does not fit in the first cluster after the header
+  // extensions; kFailedPrecondition unless writable and open. The
+  // header in memory is kept as it was on failure.
+  // REQUIRES: the layer is flushed (nothing may reach the disk after the
+  // header that the new chain must see first).
+  absl::Status ChangeBackingFile(const std::string& name,
+                                 const std::string& format);
 
   // Autoclear bits PrepareWrite keeps because the layer maintains what
   // they stand for (kAutoclearBitmaps, DirtyBitmaps). Default: none.

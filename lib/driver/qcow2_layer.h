@@ -100,6 +100,7 @@ class Qcow2Layer : public Layer {
   FlushSequencer& flusher() { return flusher_; }
   HostSpace& host_space() { return host_space_; }
   HeaderWriter& header_writer() { return header_writer_; }
+  const MetadataGuard& guard() const { return guard_; }
   DirtyBitmaps& bitmaps() { return bitmaps_; }
 
  private:

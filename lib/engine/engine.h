@@ -118,6 +118,11 @@ class Engine {
                              const CreateOptions& opts)
       ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<LayerInfo> GetChainInfo() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Flushes the top, then rewrites its backing name and format: see
+  // Image::ChangeBackingFile.
+  absl::Status ChangeBackingFile(const std::string& name,
+                                 const std::string& format)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Internal snapshots of the top layer (lib/driver/snapshots.h); all but
   // the listing refuse while a Queue is open (engine_snapshots.cc).
   absl::StatusOr<std::vector<SnapshotEntry>> ListSnapshots() const

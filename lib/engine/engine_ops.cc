@@ -142,6 +142,22 @@ absl::Status Engine::Close() {
   return chain_->Close();
 }
 
+absl::Status Engine::ChangeBackingFile(const std::string& name,
+                                       const std::string& format) {
+  CountedCall counted(&stats_);
+  EngineLock lock(&mu_);
+  RETURN_IF_ERROR(chain_->CheckWritable());
+  Qcow2Layer* top = chain_->top_qcow2();
+  if (top == nullptr) {
+    return absl::UnimplementedError(absl::StrCat(
+        chain_->filename(), ": a raw image has no backing file to change"));
+  }
+  // Everything written before the call is durable before the header can
+  // name another backing file.
+  RETURN_IF_ERROR(top->Flush());
+  return top->header_writer().ChangeBackingFile(name, format);
+}
+
 std::vector<LayerInfo> Engine::GetChainInfo() const {
   EngineLock lock(&mu_);
   return chain_->GetChainInfo();

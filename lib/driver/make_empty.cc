@@ -1,0 +1,55 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "lib/driver/make_empty.h"
+
+#include <algorithm>
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "lib/base/math.h"
+#include "lib/base/status_macros.h"
+#include "lib/driver/metadata_guard.h"
+#include "lib/driver/write_planner.h"
+#include "lib/format/entries.h"
+
+namespace qcow2::internal {
+
+absl::Status MakeEmpty(Qcow2Layer* layer) {
+  RETURN_IF_ERROR(layer->header_writer().PrepareWrite());
+  if (layer->header().nb_snapshots > 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        layer->filename(),
+        ": emptying an image with internal snapshots is not supported"));
+  }
+  // Deferred copy-on-write clusters get their entries first, so that none
+  // is set after the walk below cleared it.
+  RETURN_IF_ERROR(layer->Flush());
+  ClusterMap& map = layer->cluster_map();
+  const Geometry& g = map.geometry();
+  const uint64_t end = DivRoundUp(layer->size(), g.cluster_size);
+  for (uint64_t c = 0; c < end;) {
+    const uint64_t idx = c / g.l2_entries;
+    const uint64_t table_end = std::min(end, (idx + 1) * g.l2_entries);
+    if (idx >= map.l1().size() || map.l1()[idx] == 0) {
+      c = table_end;
+      continue;
+    }
+    for (; c < table_end; ++c) {
+      ASSIGN_OR_RETURN(L2Ref ref, map.Lookup(c));
+      const uint64_t entry = ref.entry(), bitmap = ref.bitmap();
+      if (entry == 0 && bitmap == 0) continue;
+      const uint64_t guest = c << g.cluster_bits;
+      RETURN_IF_ERROR(layer->guard().ValidateEntry(entry, bitmap, guest));
+      RETURN_IF_ERROR(layer->guard().CheckNotMetadata(entry, guest));
+      if (!(map.l1()[idx] & kOflagCopied)) {
+        ASSIGN_OR_RETURN(ref, layer->writer().L2ForWrite(c));
+      }
+      ref.Set(0, 0);
+      RETURN_IF_ERROR(layer->writer().ReleaseHost(entry, bitmap, guest));
+    }
+  }
+  // The flush writes the cleared entries before the refcounts they let go
+  // of (FlushSequencer's order).
+  return layer->Flush();
+}
+
+}  // namespace qcow2::internal

@@ -1,0 +1,60 @@
+// SPDX-License-Identifier: Apache-2.0
+// What qcowtool's chain commands (commit, rebase, stream) share: their
+// common flags (-f, -b, -p, -q, -t, -U, --backing-root, qemu-img's
+// meanings), the usage text's end, and -p progress fed from lib/ops'
+// fraction-done calls.
+#ifndef QCOW2_TOOLS_CHAIN_OP_CLI_H_
+#define QCOW2_TOOLS_CHAIN_OP_CLI_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "lib/ops/lifecycle.h"
+#include "qcow2/options.h"
+#include "tools/progress.h"
+
+namespace qcow2::tool {
+
+// Applies a qemu-img cache mode (none, writeback, unsafe, directsync,
+// writethrough) to `opts`: none and directsync open with O_DIRECT.
+// kInvalidArgument, qemu-img's "Invalid cache option: MODE", otherwise.
+absl::Status ApplyCacheMode(std::string_view mode, OpenOptions* opts);
+
+// The flags every chain command takes, as parsed.
+struct ChainArgs {
+  std::string image;    // the one image argument
+  std::string format;   // -f
+  std::string backing;  // -b
+  bool have_backing = false;
+  bool progress = false;  // -p, unless -q
+  bool quiet = false;     // -q
+  ops::ChainOpOptions opts;  // -t, -U and --backing-root applied
+};
+
+// Parses argv with getopt_long: `shortopts` lists the command's letters
+// (the shared ones, "hf:b:pqt:" and U when `force_share`, are added);
+// `extra` takes each other option (with optarg) and returns false if it
+// is not one. Returns -1 when the command should go on, else the exit
+// status (help printed, or a usage error, or a bad -t: 1).
+int ParseChainArgs(int argc, char** argv, std::string_view shortopts,
+                   bool force_share, const std::string& usage,
+                   const std::function<bool(int, const char*)>& extra,
+                   ChainArgs* args);
+
+// `head` followed by the help lines of --backing-root and -h, and the
+// exit status line `exit_line`.
+std::string ChainUsage(std::string_view head, std::string_view exit_line);
+
+// Runs `op` with qemu-img's progress line when `enabled`: 0 at the start,
+// the fraction `op` reports through the callback it is given, 100 when it
+// succeeds. Returns what `op` returns.
+absl::Status WithProgress(
+    bool enabled, ops::ChainOpOptions* opts,
+    const std::function<absl::Status()>& op);
+
+}  // namespace qcow2::tool
+
+#endif  // QCOW2_TOOLS_CHAIN_OP_CLI_H_
