@@ -25,6 +25,7 @@ int RunBitmap(int argc, char** argv);
 int RunCompare(int argc, char** argv);
 int RunResize(int argc, char** argv);
 int RunMeasure(int argc, char** argv);
+int RunAmend(int argc, char** argv);
 
 }  // namespace qcow2::tool
 

@@ -36,6 +36,7 @@ constexpr Command kCommands[] = {
     {"compare", RunCompare, "check whether two images have the same contents"},
     {"resize", RunResize, "change the virtual size of an image"},
     {"measure", RunMeasure, "compute the file size a new image needs"},
+    {"amend", RunAmend, "change format options of an image (compat, refcounts)"},
 };
 
 std::string Usage() {
