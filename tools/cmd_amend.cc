@@ -27,10 +27,11 @@ constexpr char kUsage[] =
     "Changes format options of the qcow2 image IMAGE in place, as\n"
     "'qemu-img amend' does. OPTIONS is a comma-separated list of\n"
     "key=value pairs ('-o help' lists them): compat=0.10|1.1 (v2|v3),\n"
-    "lazy_refcounts=on|off, refcount_bits=1|2|4|...|64. backing_file and\n"
-    "backing_fmt are accepted only with the image's own values (use\n"
-    "'qcowtool rebase' to change them). Every option is checked before\n"
-    "anything is written: a refused amend leaves IMAGE untouched.\n"
+    "lazy_refcounts=on|off, refcount_bits=1|2|4|...|64, size=SIZE.\n"
+    "backing_file and backing_fmt are accepted only with the image's own\n"
+    "values (use 'qcowtool rebase' to change them). Every option is\n"
+    "checked before anything is written: a refused amend leaves IMAGE\n"
+    "untouched.\n"
     "\n"
     "  -f FMT      format of IMAGE: qcow2 (raw images have no options to\n"
     "              amend)\n"
@@ -172,9 +173,14 @@ absl::Status ToOptions(const std::map<std::string, std::string>& values,
       return absl::InvalidArgumentError(
           "Can't amend encryption options - encryption not present");
     } else if (key == "size") {
-      return absl::UnimplementedError(
-          "the amend option 'size' is not supported yet; use 'qcowtool "
-          "resize' to change the virtual size");
+      auto size = ParseSize(v);
+      if (!size.ok()) {
+        return absl::InvalidArgumentError(
+            "Parameter 'size' expects a non-negative number below 2^64\n"
+            "Optional suffix k, M, G, T, P or E means kilo-, mega-, giga-, "
+            "tera-, peta-\nand exabytes, respectively.");
+      }
+      o->size = *size;
     }
   }
   return absl::OkStatus();

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Changing the format options of an existing qcow2 image in place, as
 // `qemu-img amend` does: the compatibility level (v2 "0.10" <-> v3 "1.1"),
-// lazy refcounts and the refcount width.
+// lazy refcounts, the refcount width and the virtual size.
 //
 //   qcow2::AmendOptions opts;
 //   opts.refcount_bits = 64;
@@ -49,6 +49,14 @@ struct AmendOptions {
   // of the file, then one header write switches to them; the old
   // structure becomes free space. Fails if a refcount does not fit.
   std::optional<uint64_t> refcount_bits;
+
+  // New virtual size in bytes (a multiple of 512; 0 = unchanged, as in
+  // QEMU), set as Image::Resize sets it (growing, or shrinking: the data
+  // past the new end is lost), after the options above and before a
+  // downgrade. Refused for version 2 images with internal snapshots
+  // (QEMU's rule); shrinking an image with internal snapshots or
+  // persistent bitmaps is not supported yet (kUnimplemented).
+  std::optional<uint64_t> size;
 
   // qemu-img amend accepts these only when they equal the image's own
   // backing file name and format (both must then be given, as QEMU

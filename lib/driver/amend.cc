@@ -8,7 +8,8 @@
 //      feature-name table);
 //   4. the refcount width (amend_refcounts.cc);
 //   5. lazy refcounts on or off (one header write);
-//   6. downgrade to version 2: zero clusters expanded (amend_zeros.cc),
+//   6. the virtual size (through the caller's resizer: Image::Resize);
+//   7. downgrade to version 2: zero clusters expanded (amend_zeros.cc),
 //      then cluster 0 rewritten without the version 3 fields.
 #include "lib/driver/amend.h"
 
@@ -104,9 +105,10 @@ struct AmendPlan {
   uint32_t old_version = 3, new_version = 3;
   uint32_t old_order = 4, new_order = 4;
   bool old_lazy = false, new_lazy = false;
+  uint64_t old_size = 0, new_size = 0;
   int steps() const {
     return (new_version != old_version) + (new_order != old_order) +
-           (new_lazy != old_lazy);
+           (new_lazy != old_lazy) + (new_size != old_size);
   }
 };
 
@@ -147,7 +149,7 @@ absl::Status CheckDowngrade(AmendTarget* t, const AmendPlan& p) {
     ASSIGN_OR_RETURN(DecodedSnapshotTable table,
                      ReadSnapshotTable(t->file, h, t->file_size));
     for (const SnapshotEntry& e : table.entries) {
-      if (e.vm_state_size > UINT32_MAX || e.disk_size != h.size) {
+      if (e.vm_state_size > UINT32_MAX || e.disk_size != p.new_size) {
         return Refuse("Internal snapshots prevent downgrade of image");
       }
     }
@@ -179,6 +181,32 @@ absl::Status CheckDowngrade(AmendTarget* t, const AmendPlan& p) {
   return absl::OkStatus();
 }
 
+// QEMU's checks of a new size (qcow2_co_truncate), and what
+// Image::Resize cannot do yet.
+absl::Status CheckSize(AmendTarget* t, const AmendPlan& p) {
+  const Header& h = t->h;
+  if (p.new_size % 512 != 0) {
+    return Refuse("The new size must be a multiple of 512");
+  }
+  if (h.nb_snapshots > 0 && std::max(p.old_version, p.new_version) < 3) {
+    return absl::FailedPreconditionError(
+        "Can't resize a v2 image which has snapshots");
+  }
+  if (p.new_size < p.old_size) {
+    bool bitmaps = false;
+    for (const RawExtension& e : h.other_extensions) {
+      bitmaps |= e.magic == kExtBitmaps;
+    }
+    if (h.nb_snapshots > 0 || bitmaps) {
+      return absl::UnimplementedError(absl::StrCat(
+          t->file->name(), ": shrinking an image with ",
+          bitmaps ? "persistent bitmaps" : "internal snapshots",
+          " is not supported yet"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Every check, in qemu-img's order; nothing is written.
 absl::StatusOr<AmendPlan> Check(AmendTarget* t, const AmendOptions& o) {
   const Header& h = t->h;
@@ -190,6 +218,8 @@ absl::StatusOr<AmendPlan> Check(AmendTarget* t, const AmendOptions& o) {
     ASSIGN_OR_RETURN(p.new_version, ParseCompat(*o.compat));
   }
   if (o.lazy_refcounts) p.new_lazy = *o.lazy_refcounts;
+  p.old_size = p.new_size = h.size;
+  if (o.size && *o.size != 0) p.new_size = *o.size;
   if (o.refcount_bits) {
     const uint64_t bits = *o.refcount_bits;
     if (bits == 0 || bits > 64 || (bits & (bits - 1)) != 0) {
@@ -225,6 +255,7 @@ absl::StatusOr<AmendPlan> Check(AmendTarget* t, const AmendOptions& o) {
         "Lazy refcounts only supported with compatibility level 1.1 and "
         "above (use compat=1.1 or greater)");
   }
+  if (p.new_size != p.old_size) RETURN_IF_ERROR(CheckSize(t, p));
   if (p.new_version < p.old_version) RETURN_IF_ERROR(CheckDowngrade(t, p));
   if (p.new_version > p.old_version && h.nb_snapshots > 0) {
     ASSIGN_OR_RETURN(DecodedSnapshotTable table,
@@ -296,7 +327,8 @@ absl::Status Downgrade(AmendTarget* t) {
 
 }  // namespace
 
-absl::Status AmendQcow2(File* file, const AmendOptions& opts) {
+absl::Status AmendQcow2(File* file, const AmendOptions& opts,
+                        const AmendResizer& resize) {
   AmendTarget t;
   t.file = file;
   t.progress = opts.progress;
@@ -324,6 +356,14 @@ absl::Status AmendQcow2(File* file, const AmendOptions& opts) {
   }
   if (p.new_lazy != p.old_lazy) {
     RETURN_IF_ERROR(SetLazyRefcounts(&t, p.new_lazy));
+    step_done();
+  }
+  if (p.new_size != p.old_size) {
+    if (!resize) {
+      return absl::UnimplementedError("amend: no way to resize this file");
+    }
+    RETURN_IF_ERROR(resize(p.new_size));
+    RETURN_IF_ERROR(t.Load());
     step_done();
   }
   if (p.new_version < p.old_version) {

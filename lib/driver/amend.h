@@ -26,8 +26,14 @@ namespace qcow2::internal {
 // clusters of 4 KiB or less (qemu-img create and amend leave it out).
 std::vector<FeatureName> QemuFeatureNames(uint64_t cluster_size);
 
-// Amends the qcow2 image in `file` (REQUIRES: opened read-write).
-absl::Status AmendQcow2(File* file, const AmendOptions& opts);
+// Sets the virtual size of the image in the file (the layer above the
+// driver does it through an Image over the same file).
+using AmendResizer = std::function<absl::Status(uint64_t new_size)>;
+
+// Amends the qcow2 image in `file` (REQUIRES: opened read-write). A size
+// in `opts` is set through `resize`.
+absl::Status AmendQcow2(File* file, const AmendOptions& opts,
+                        const AmendResizer& resize);
 
 // The image being amended: its file and header as on disk.
 struct AmendTarget {
