@@ -104,6 +104,40 @@ Setup SnapshotImage(const std::string& opts, bool backing) {
   };
 }
 
+// A version 2 image whose snapshot entries have no extra data (as QEMU
+// before 4.2 wrote them): made by qemu-img, then the table rewritten in
+// place without the extra data.
+std::string V2SnapshotsWithoutExtra(const testing::TempDir& dir) {
+  const std::string p = SnapshotImage("compat=0.10", false)(dir);
+  auto bytes = testing::ReadFileBytes(p);
+  if (!bytes.ok()) return p;
+  std::vector<uint8_t>& b = *bytes;
+  auto be = [&](size_t at, int n) {
+    uint64_t v = 0;
+    for (int i = 0; i < n; ++i) v = v << 8 | b[at + i];
+    return v;
+  };
+  const uint64_t count = be(60, 4);
+  const uint64_t table = be(64, 8);
+  std::vector<uint8_t> out;
+  uint64_t pos = table;
+  for (uint64_t i = 0; i < count; ++i) {
+    const uint64_t id_len = be(pos + 12, 2), name_len = be(pos + 14, 2);
+    const uint64_t extra = be(pos + 36, 4);
+    std::vector<uint8_t> e(b.begin() + pos, b.begin() + pos + 40);
+    e[36] = e[37] = e[38] = e[39] = 0;
+    const auto names = b.begin() + pos + 40 + extra;
+    e.insert(e.end(), names, names + id_len + name_len);
+    e.resize((e.size() + 7) / 8 * 8, 0);
+    out.insert(out.end(), e.begin(), e.end());
+    pos += (40 + extra + id_len + name_len + 7) / 8 * 8;
+  }
+  std::fill(b.begin() + table, b.begin() + pos, 0);
+  std::copy(out.begin(), out.end(), b.begin() + table);
+  EXPECT_OK(testing::WriteFileBytes(p, b));
+  return p;
+}
+
 // A dirty image: lazy refcounts, and qemu-io killed before a clean close.
 std::string DirtyLazy(const testing::TempDir& dir) {
   const std::string path = dir.File("img.qcow2");
@@ -305,6 +339,8 @@ std::vector<Case> Cases() {
   add("downgrade_snapshots_backing", SnapshotImage("compat=1.1", true),
       "compat=0.10");
   add("upgrade_snapshots", SnapshotImage("compat=0.10", false), "compat=1.1");
+  add("upgrade_snapshots_without_extra_data", V2SnapshotsWithoutExtra,
+      "compat=1.1");
   add("rb2_snapshots", SnapshotImage("compat=1.1", false), "refcount_bits=2");
   add("rb64_snapshots_backing", SnapshotImage("compat=1.1", true),
       "refcount_bits=64");
@@ -427,6 +463,38 @@ TEST(AmendBacking, SameNameAndFormatAccepted) {
   CommandResult q = testing::Run({"qemu-img", "amend", "-o", opts, top});
   EXPECT_EQ(o.exit_code, 0) << o.err;
   EXPECT_EQ(q.exit_code, 0) << q.err;
+}
+
+// The entries of a snapshot table without extra data get QEMU's 24 bytes
+// (VM state size, disk size, icount) when the image is upgraded.
+TEST(AmendSnapshots, UpgradeWritesExtraData) {
+  SKIP_WITHOUT_QEMU();
+  testing::TempDir dir;
+  const std::string p = V2SnapshotsWithoutExtra(dir);
+  auto extra_sizes = [&]() {
+    std::vector<uint64_t> sizes;
+    auto b = testing::ReadFileBytes(p);
+    if (!b.ok()) return sizes;
+    auto be = [&](size_t at, int n) {
+      uint64_t v = 0;
+      for (int i = 0; i < n; ++i) v = v << 8 | (*b)[at + i];
+      return v;
+    };
+    uint64_t pos = be(64, 8);
+    for (uint64_t i = 0; i < be(60, 4); ++i) {
+      const uint64_t extra = be(pos + 36, 4);
+      sizes.push_back(extra);
+      pos += (40 + extra + be(pos + 12, 2) + be(pos + 14, 2) + 7) / 8 * 8;
+    }
+    return sizes;
+  };
+  EXPECT_EQ(extra_sizes(), (std::vector<uint64_t>{0, 0}));
+  CommandResult o =
+      testing::Run({testing::QcowtoolPath(), "amend", "-o", "compat=1.1", p});
+  ASSERT_EQ(o.exit_code, 0) << o.err;
+  EXPECT_EQ(extra_sizes(), (std::vector<uint64_t>{24, 24}));
+  CommandResult check = testing::Run({"qemu-img", "check", p});
+  EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
 }
 
 TEST(AmendCli, HelpListsQemuOptions) {

@@ -25,6 +25,7 @@
 #include "lib/base/status_macros.h"
 #include "lib/driver/check.h"
 #include "lib/driver/snapshots.h"
+#include "lib/meta/refcounts.h"
 
 namespace qcow2::internal {
 
@@ -84,6 +85,29 @@ absl::StatusOr<std::vector<uint64_t>> AmendTarget::ReadL1(uint64_t offset,
   std::vector<uint64_t> l1(entries);
   for (uint32_t i = 0; i < entries; ++i) l1[i] = LoadBE64(&raw[i * 8]);
   return l1;
+}
+
+absl::StatusOr<std::unique_ptr<Refcounts>> OpenRefcounts(AmendTarget* t) {
+  const Header& h = t->h;
+  Refcounts::Params p;
+  ASSIGN_OR_RETURN(p.table,
+                   Refcounts::LoadTable(t->file, h.refcount_table_offset,
+                                        h.refcount_table_clusters,
+                                        h.cluster_bits, t->file->name()));
+  p.file = t->file;
+  p.filename = t->file->name();
+  p.cluster_bits = h.cluster_bits;
+  p.refcount_order = h.refcount_order;
+  p.table_offset = h.refcount_table_offset;
+  p.table_clusters = h.refcount_table_clusters;
+  auto refs = std::make_unique<Refcounts>(std::move(p));
+  refs->NoteEnd(DivRoundUp(t->file_size, h.cluster_size()));
+  refs->set_header_writer([t](uint64_t offset, uint32_t clusters) {
+    t->h.refcount_table_offset = offset;
+    t->h.refcount_table_clusters = clusters;
+    return t->WriteHeaderFields();
+  });
+  return refs;
 }
 
 std::optional<uint64_t> FirstRefcountAbove(const std::vector<uint64_t>& refs,
@@ -257,18 +281,6 @@ absl::StatusOr<AmendPlan> Check(AmendTarget* t, const AmendOptions& o) {
   }
   if (p.new_size != p.old_size) RETURN_IF_ERROR(CheckSize(t, p));
   if (p.new_version < p.old_version) RETURN_IF_ERROR(CheckDowngrade(t, p));
-  if (p.new_version > p.old_version && h.nb_snapshots > 0) {
-    ASSIGN_OR_RETURN(DecodedSnapshotTable table,
-                     ReadSnapshotTable(t->file, h, t->file_size));
-    for (const SnapshotEntry& e : table.entries) {
-      if (e.extra_data_size < 16) {
-        return absl::UnimplementedError(absl::StrCat(
-            t->file->name(), ": snapshot '", e.name,
-            "' has no version 3 extra data (VM state size, disk size); "
-            "upgrading such a snapshot table is not supported yet"));
-      }
-    }
-  }
   return p;
 }
 
@@ -304,9 +316,44 @@ void SetVersion(Header* h, uint32_t version) {
                    : std::vector<FeatureName>{};
 }
 
+// Version 3 needs every snapshot entry to hold the 64-bit VM state size
+// and the disk size (extra data of at least 16 bytes). When one lacks
+// them the table is written anew (with QEMU's 24 bytes in every entry) to
+// new clusters, made durable with their refcounts, and the header that
+// names it is the version 3 one; the old table is freed after.
 absl::Status Upgrade(AmendTarget* t) {
-  SetVersion(&t->h, 3);
-  return t->WriteCluster0();
+  Header& h = t->h;
+  DecodedSnapshotTable table;
+  if (h.nb_snapshots > 0) {
+    ASSIGN_OR_RETURN(table, ReadSnapshotTable(t->file, h, t->file_size));
+  }
+  bool rewrite = false;
+  for (const SnapshotEntry& e : table.entries) {
+    rewrite |= e.extra_data_size < 16;
+  }
+  if (!rewrite) {
+    SetVersion(&h, 3);
+    return t->WriteCluster0();
+  }
+  ASSIGN_OR_RETURN(std::vector<uint8_t> enc,
+                   EncodeSnapshotTable(table.entries));
+  ASSIGN_OR_RETURN(std::unique_ptr<Refcounts> refs, OpenRefcounts(t));
+  const uint64_t clusters = DivRoundUp(enc.size(), h.cluster_size());
+  ASSIGN_OR_RETURN(const uint64_t offset, refs->Allocate(clusters));
+  enc.resize(clusters * h.cluster_size(), 0);
+  EmitEvent("snapshot-table-write");
+  RETURN_IF_ERROR(t->file->WriteAt(offset, enc));
+  RETURN_IF_ERROR(refs->Flush());
+  RETURN_IF_ERROR(t->file->Flush());
+  const uint64_t old_offset = h.snapshots_offset;
+  h.snapshots_offset = offset;
+  SetVersion(&h, 3);
+  RETURN_IF_ERROR(t->WriteCluster0());
+  RETURN_IF_ERROR(refs->Update(old_offset, table.size, -1));
+  RETURN_IF_ERROR(refs->Flush());
+  RETURN_IF_ERROR(t->file->Flush());
+  ASSIGN_OR_RETURN(t->file_size, t->file->Size());
+  return absl::OkStatus();
 }
 
 absl::Status SetLazyRefcounts(AmendTarget* t, bool on) {

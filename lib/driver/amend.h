@@ -12,11 +12,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "lib/format/header.h"
+#include "lib/meta/refcounts.h"
 #include "qcow2/amend.h"
 #include "qcow2/file.h"
 
@@ -54,6 +56,10 @@ struct AmendTarget {
   absl::StatusOr<std::vector<uint64_t>> ReadL1(uint64_t offset,
                                                uint32_t entries);
 };
+
+// The image's refcounts (lib/meta), for allocating and counting clusters;
+// a grown refcount table is committed through t->WriteHeaderFields().
+absl::StatusOr<std::unique_ptr<Refcounts>> OpenRefcounts(AmendTarget* t);
 
 // Every refcount of the image, one per host cluster, up to the last cluster
 // the refcount table covers that is in use (kDataLoss for a malformed

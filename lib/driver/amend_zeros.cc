@@ -59,28 +59,6 @@ absl::Status ForEachL2(AmendTarget* t, const std::vector<uint64_t>& l1,
   return absl::OkStatus();
 }
 
-// The image's refcounts, for allocating and counting clusters.
-std::unique_ptr<Refcounts> OpenRefcounts(AmendTarget* t,
-                                         std::vector<uint64_t> table) {
-  const Header& h = t->h;
-  Refcounts::Params p;
-  p.file = t->file;
-  p.filename = t->file->name();
-  p.cluster_bits = h.cluster_bits;
-  p.refcount_order = h.refcount_order;
-  p.table_offset = h.refcount_table_offset;
-  p.table_clusters = h.refcount_table_clusters;
-  p.table = std::move(table);
-  auto refs = std::make_unique<Refcounts>(std::move(p));
-  refs->NoteEnd(DivRoundUp(t->file_size, h.cluster_size()));
-  refs->set_header_writer([t](uint64_t offset, uint32_t clusters) {
-    t->h.refcount_table_offset = offset;
-    t->h.refcount_table_clusters = clusters;
-    return t->WriteHeaderFields();
-  });
-  return refs;
-}
-
 class ZeroExpander {
  public:
   ZeroExpander(AmendTarget* t, Refcounts* refs)
@@ -184,11 +162,7 @@ absl::StatusOr<bool> HasCompressedClusters(AmendTarget* t) {
 
 absl::Status ExpandZeroClusters(AmendTarget* t) {
   const Header& h = t->h;
-  ASSIGN_OR_RETURN(std::vector<uint64_t> table,
-                   Refcounts::LoadTable(t->file, h.refcount_table_offset,
-                                        h.refcount_table_clusters,
-                                        h.cluster_bits, t->file->name()));
-  std::unique_ptr<Refcounts> refs = OpenRefcounts(t, std::move(table));
+  ASSIGN_OR_RETURN(std::unique_ptr<Refcounts> refs, OpenRefcounts(t));
   ZeroExpander expand(t, refs.get());
   ASSIGN_OR_RETURN(std::vector<uint64_t> l1,
                    t->ReadL1(h.l1_table_offset, h.l1_size));
