@@ -3,6 +3,7 @@
 # a file is built because it is named here). tests/sources_check.py
 # fails the suite when a .cc under lib/ or tools/ is missing from here.
 set(QCOW2_LIB_SOURCES
+  ${PROJECT_SOURCE_DIR}/lib/api/amend.cc
   ${PROJECT_SOURCE_DIR}/lib/api/c.cc
   ${PROJECT_SOURCE_DIR}/lib/api/create.cc
   ${PROJECT_SOURCE_DIR}/lib/api/image.cc
@@ -15,6 +16,9 @@ set(QCOW2_LIB_SOURCES
   ${PROJECT_SOURCE_DIR}/lib/chain/chain.cc
   ${PROJECT_SOURCE_DIR}/lib/chain/chain_write.cc
   ${PROJECT_SOURCE_DIR}/lib/chain/probe_guard.cc
+  ${PROJECT_SOURCE_DIR}/lib/driver/amend.cc
+  ${PROJECT_SOURCE_DIR}/lib/driver/amend_refcounts.cc
+  ${PROJECT_SOURCE_DIR}/lib/driver/amend_zeros.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/bitmaps.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/check.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/check_compare.cc
@@ -76,6 +80,7 @@ set(QCOWTOOL_SOURCES
   ${PROJECT_SOURCE_DIR}/tools/bench_svg.cc
   ${PROJECT_SOURCE_DIR}/tools/chain_op_cli.cc
   ${PROJECT_SOURCE_DIR}/tools/cli_util.cc
+  ${PROJECT_SOURCE_DIR}/tools/cmd_amend.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_bench.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_bench_cdm.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_bench_overlay.cc

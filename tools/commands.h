@@ -28,6 +28,7 @@ int RunMeasure(int argc, char** argv);
 int RunRebase(int argc, char** argv);
 int RunCommit(int argc, char** argv);
 int RunStream(int argc, char** argv);
+int RunAmend(int argc, char** argv);
 
 }  // namespace qcow2::tool
 

@@ -40,6 +40,7 @@ constexpr Command kCommands[] = {
     {"commit", RunCommit, "write an image's data into its backing file"},
     {"stream", RunStream,
      "pull the chain's data into an image, keeping a base (qcowtool only)"},
+    {"amend", RunAmend, "change format options of an image (compat, refcounts)"},
 };
 
 std::string Usage() {

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "lib/chain/chain.h"
+#include "lib/driver/amend.h"
 #include "lib/format/header.h"
 #include "lib/driver/qcow2_layer.h"
 #include "lib/base/endian.h"
@@ -84,13 +85,6 @@ absl::Status ValidateCreate(const std::string& path, const CreateOptions& o) {
   return absl::OkStatus();
 }
 
-std::vector<FeatureName> DefaultFeatureNames() {
-  return {{0, 0, "dirty bit"},          {0, 1, "corrupt bit"},
-          {0, 2, "external data file"}, {0, 3, "compression type"},
-          {0, 4, "extended L2 entries"}, {1, 0, "lazy refcounts"},
-          {2, 0, "bitmaps"},            {2, 1, "raw external data"}};
-}
-
 // The size of the backing file, for images created without a size.
 absl::StatusOr<uint64_t> BackingSize(const std::string& path,
                                      const CreateOptions& o) {
@@ -153,7 +147,7 @@ absl::Status CreateQcow2(File* file, const std::string& path,
   }
   if (o.lazy_refcounts) h.compatible_features |= kCompatLazyRefcounts;
   // QEMU leaves the feature-name table out of small header clusters.
-  if (!v2 && o.cluster_size > 4096) h.feature_names = DefaultFeatureNames();
+  if (!v2) h.feature_names = QemuFeatureNames(o.cluster_size);
   h.backing_file = o.backing_file;
   if (!o.backing_format.empty()) h.backing_format = o.backing_format;
 

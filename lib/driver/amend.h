@@ -1,0 +1,90 @@
+// SPDX-License-Identifier: Apache-2.0
+// qemu-img amend on one qcow2 file (include/qcow2/amend.h has the
+// contract): the checks made before anything is written, then the steps in
+// QEMU's order (qcow2_amend_options): upgrade, refcount width, lazy
+// refcounts, downgrade. The steps work on the file directly, not through a
+// Qcow2Layer: each is a short sequence of writes and flushes that ends in
+// one header write (docs/crash-consistency.md, "Amend").
+//
+// Not thread-safe; the caller holds the file's write lock.
+#ifndef QCOW2_LIB_DRIVER_AMEND_H_
+#define QCOW2_LIB_DRIVER_AMEND_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "lib/format/header.h"
+#include "lib/meta/refcounts.h"
+#include "qcow2/amend.h"
+#include "qcow2/file.h"
+
+namespace qcow2::internal {
+
+// The feature-name table QEMU writes into a version 3 header: none for
+// clusters of 4 KiB or less (qemu-img create and amend leave it out).
+std::vector<FeatureName> QemuFeatureNames(uint64_t cluster_size);
+
+// Sets the virtual size of the image in the file (the layer above the
+// driver does it through an Image over the same file).
+using AmendResizer = std::function<absl::Status(uint64_t new_size)>;
+
+// Amends the qcow2 image in `file` (REQUIRES: opened read-write). A size
+// in `opts` is set through `resize`.
+absl::Status AmendQcow2(File* file, const AmendOptions& opts,
+                        const AmendResizer& resize);
+
+// The image being amended: its file and header as on disk.
+struct AmendTarget {
+  File* file = nullptr;
+  Header h;
+  uint64_t file_size = 0;
+  std::function<void(uint64_t, uint64_t)> progress;  // may be empty
+
+  // Reads and validates the header (again).
+  absl::Status Load();
+  // Writes the fixed header fields (the first header_length bytes, or 72
+  // for version 2: one sector) and flushes.
+  absl::Status WriteHeaderFields();
+  // Writes cluster 0 whole (header, extensions, backing name, zero
+  // padding) in one write and flushes.
+  absl::Status WriteCluster0();
+  // The L1 table at `offset` with `entries` entries.
+  absl::StatusOr<std::vector<uint64_t>> ReadL1(uint64_t offset,
+                                               uint32_t entries);
+};
+
+// The image's refcounts (lib/meta), for allocating and counting clusters;
+// a grown refcount table is committed through t->WriteHeaderFields().
+absl::StatusOr<std::unique_ptr<Refcounts>> OpenRefcounts(AmendTarget* t);
+
+// Every refcount of the image, one per host cluster, up to the last cluster
+// the refcount table covers that is in use (kDataLoss for a malformed
+// table or block).
+absl::StatusOr<std::vector<uint64_t>> ReadAllRefcounts(AmendTarget* t);
+
+// The first cluster whose refcount exceeds `limit` (QEMU names it when a
+// narrower width cannot hold it), if any.
+std::optional<uint64_t> FirstRefcountAbove(const std::vector<uint64_t>& refs,
+                                           uint64_t limit);
+
+// Rewrites the refcount structure at width 2^`order` (see qcow2/amend.h).
+// REQUIRES: version 3, the refcounts consistent (clean image), and every
+// refcount fits the new width.
+absl::Status ChangeRefcountOrder(AmendTarget* t, uint32_t order);
+
+// Whether the active disk has compressed clusters (QEMU's check before a
+// downgrade of a zstd image).
+absl::StatusOr<bool> HasCompressedClusters(AmendTarget* t);
+
+// Turns every zero cluster of the active disk and of each snapshot into
+// what version 2 can express (QEMU's qcow2_expand_zero_clusters).
+// REQUIRES: standard L2 entries, a clean image.
+absl::Status ExpandZeroClusters(AmendTarget* t);
+
+}  // namespace qcow2::internal
+
+#endif  // QCOW2_LIB_DRIVER_AMEND_H_
