@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "lib/base/status_macros.h"
+#include "lib/io/forwarding_file.h"
 
 namespace qcow2::internal {
 
@@ -45,18 +46,12 @@ constexpr Magic kMagics[] = {
     {"luks", 0, "LUKS\xba\xbe"sv},
 };
 
-class ProbeGuardFile final : public File {
+// Reads and every call but the writes pass straight through.
+class ProbeGuardFile final : public ForwardingFile {
  public:
   explicit ProbeGuardFile(std::unique_ptr<File> base)
-      : base_(std::move(base)) {}
+      : ForwardingFile(std::move(base)), base_(inner()) {}
 
-  absl::Status ReadAt(uint64_t offset, absl::Span<uint8_t> buf) override {
-    return base_->ReadAt(offset, buf);
-  }
-  absl::Status ReadvAt(uint64_t offset,
-                       absl::Span<const iovec> iov) override {
-    return base_->ReadvAt(offset, iov);
-  }
   absl::Status WriteAt(uint64_t offset,
                        absl::Span<const uint8_t> data) override {
     if (offset >= kProbeBytes) return base_->WriteAt(offset, data);
@@ -95,27 +90,7 @@ class ProbeGuardFile final : public File {
     RETURN_IF_ERROR(CheckZeros(offset, len));
     return base_->Discard(offset, len);
   }
-  absl::Status Flush() override { return base_->Flush(); }
-  absl::StatusOr<uint64_t> Size() override { return base_->Size(); }
-  absl::Status Truncate(uint64_t size) override {
-    return base_->Truncate(size);
-  }
-  absl::Status Extend(uint64_t old_size, uint64_t new_size) override {
-    return base_->Extend(old_size, new_size);
-  }
-  absl::Status Reserve(uint64_t offset, uint64_t len) override {
-    return base_->Reserve(offset, len);
-  }
-  absl::Status Allocate(uint64_t offset, uint64_t len) override {
-    return base_->Allocate(offset, len);
-  }
-  absl::StatusOr<bool> DataRun(uint64_t offset, uint64_t max_len,
-                               uint64_t* len) override {
-    return base_->DataRun(offset, max_len, len);
-  }
-  const std::string& name() const override { return base_->name(); }
-  uint32_t alignment() const override { return base_->alignment(); }
-  File* base() const { return base_.get(); }
+  File* base() const { return base_; }
 
  private:
   // The first sector as it would be after a change of `len` bytes at
@@ -142,7 +117,7 @@ class ProbeGuardFile final : public File {
                  [](uint8_t* head, size_t n) { std::memset(head, 0, n); });
   }
 
-  const std::unique_ptr<File> base_;
+  File* const base_;  // inner(), for the guard's own calls
   std::mutex head_mu_;
 };
 
