@@ -212,7 +212,13 @@ INSTANTIATE_TEST_SUITE_P(
              "qemu-img create -q -f qcow2 {} 64M"),
         Make("W_m16", "top.qcow2", {"-W", "-m", "16"}),
         Make("W_m16_c", "mixed.raw", {"-f", "raw", "-W", "-m", "16", "-c"}),
-        Make("m1", "mixed.raw", {"-f", "raw", "-m", "1"})),
+        Make("m1", "mixed.raw", {"-f", "raw", "-m", "1"}),
+        Make("t_none", "top.qcow2", {"-t", "none", "-T", "none"}),
+        Make("t_writeback", "top.qcow2", {"-t", "writeback"}),
+        Make("t_unsafe_raw", "mixed.raw", {"-f", "raw", "-t", "unsafe"},
+             "raw"),
+        Make("t_directsync", "mixed.raw",
+             {"-f", "raw", "-t", "directsync", "-T", "writethrough"})),
     [](const auto& info) { return info.param.name; });
 
 class ConvertCliTest : public ConvertTest {};
@@ -235,6 +241,8 @@ TEST_F(ConvertCliTest, RefusesWithQemuImgsMessages) {
       {"-c", "-O", "raw", "top.qcow2", "x.raw"},
       {"-B", "base.qcow2", "-O", "raw", "top.qcow2", "x.raw"},
       {"-m", "17", "-O", "qcow2", "top.qcow2", "x.qcow2"},
+      {"-t", "bogus", "-O", "qcow2", "top.qcow2", "x.qcow2"},
+      {"-T", "bogus", "-O", "qcow2", "top.qcow2", "x.qcow2"},
       {"-m", "0", "-O", "qcow2", "top.qcow2", "x.qcow2"},
       {"-S", "1000", "-O", "qcow2", "top.qcow2", "x.qcow2"},
       {"-S", "32M", "-O", "qcow2", "top.qcow2", "x.qcow2"},

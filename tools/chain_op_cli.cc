@@ -8,19 +8,6 @@
 
 namespace qcow2::tool {
 
-absl::Status ApplyCacheMode(std::string_view mode, OpenOptions* opts) {
-  if (mode == "none" || mode == "directsync") {
-    opts->direct_io = true;
-  } else if (mode == "writeback" || mode == "unsafe" ||
-             mode == "writethrough") {
-    opts->direct_io = false;
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Invalid cache option: ", std::string(mode)));
-  }
-  return absl::OkStatus();
-}
-
 int ParseChainArgs(int argc, char** argv, std::string_view shortopts,
                    bool force_share, const std::string& usage,
                    const std::function<bool(int, const char*)>& extra,

@@ -18,11 +18,6 @@
 
 namespace qcow2::tool {
 
-// Applies a qemu-img cache mode (none, writeback, unsafe, directsync,
-// writethrough) to `opts`: none and directsync open with O_DIRECT.
-// kInvalidArgument, qemu-img's "Invalid cache option: MODE", otherwise.
-absl::Status ApplyCacheMode(std::string_view mode, OpenOptions* opts);
-
 // The flags every chain command takes, as parsed.
 struct ChainArgs {
   std::string image;    // the one image argument

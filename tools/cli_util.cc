@@ -8,8 +8,11 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "lib/base/status_macros.h"
+#include "lib/io/forwarding_file.h"
 
 namespace qcow2::tool {
 
@@ -243,6 +246,45 @@ absl::StatusOr<uint64_t> AllocatedFileSize(const std::string& path) {
     return absl::ErrnoToStatus(err, absl::StrCat("stat ", path));
   }
   return static_cast<uint64_t>(st.st_blocks) * 512;
+}
+
+namespace {
+
+// cache=unsafe: a file whose flushes make nothing durable (QEMU's
+// cache.no-flush). Writes still reach the kernel in the library's order.
+class NoFlushFile final : public internal::ForwardingFile {
+ public:
+  using ForwardingFile::ForwardingFile;
+  absl::Status Flush() override { return absl::OkStatus(); }
+};
+
+class NoFlushOpener final : public FileOpener {
+ public:
+  absl::StatusOr<std::unique_ptr<File>> Open(
+      const std::string& path, const FileOptions& opts) override {
+    ASSIGN_OR_RETURN(std::unique_ptr<File> f,
+                     DefaultFileOpener()->Open(path, opts));
+    return std::unique_ptr<File>(std::make_unique<NoFlushFile>(std::move(f)));
+  }
+};
+
+}  // namespace
+
+absl::Status ApplyCacheMode(std::string_view mode, OpenOptions* opts) {
+  static NoFlushOpener no_flush;
+  opts->opener = nullptr;
+  if (mode == "none" || mode == "directsync") {
+    opts->direct_io = true;
+  } else if (mode == "writeback" || mode == "writethrough") {
+    opts->direct_io = false;
+  } else if (mode == "unsafe") {
+    opts->direct_io = false;
+    opts->opener = &no_flush;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Invalid cache option: ", std::string(mode)));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace qcow2::tool

@@ -129,6 +129,13 @@ std::vector<std::string> QemuChainNames(const std::string& top,
 // qemu-img's "actual-size". Errors from stat() name the path.
 absl::StatusOr<uint64_t> AllocatedFileSize(const std::string& path);
 
+// Applies a qemu-img cache mode (none, writeback, unsafe, directsync,
+// writethrough) to `opts`: none and directsync open with O_DIRECT, unsafe
+// sets an opener whose files' flushes make nothing durable (as QEMU's
+// cache.no-flush), the others the default opener.
+// kInvalidArgument, qemu-img's "Invalid cache option: MODE", otherwise.
+absl::Status ApplyCacheMode(std::string_view mode, OpenOptions* opts);
+
 }  // namespace qcow2::tool
 
 #endif  // QCOW2_TOOLS_CLI_UTIL_H_

@@ -35,6 +35,7 @@ constexpr char kUsage[] =
     "usage: qcowtool convert [-f FMT] [-O FMT] [-o OPTIONS] [-c] [-B BACKING "
     "[-F FMT]]\n"
     "                        [-n] [-S SIZE] [-p] [-q] [-W] [-m N] [-U]\n"
+    "                        [-t CACHE] [-T SRC_CACHE]\n"
     "                        [--backing-root=DIR] SOURCE DEST\n"
     "\n"
     "Writes the contents of SOURCE (read through its backing chain) to DEST,\n"
@@ -59,6 +60,12 @@ constexpr char kUsage[] =
     "  -W          allow out-of-order writes (with -c: compression on up to\n"
     "              N threads at once)\n"
     "  -m N        requests in flight, 1 to 16 (default 8)\n"
+    "  -t CACHE    DEST's cache mode, as qemu-img's: unsafe (the default:\n"
+    "              nothing is synced, as qemu-img convert), writeback and\n"
+    "              writethrough (synced at the end), none and directsync\n"
+    "              (O_DIRECT for a qcow2 DEST, synced at the end)\n"
+    "  -T SRC_CACHE SOURCE's: none and directsync read with O_DIRECT, the\n"
+    "              others through the page cache (default writeback)\n"
     "  (-U and --backing-root apply to SOURCE)\n";
 
 constexpr char kHelpTail[] =
@@ -85,6 +92,8 @@ struct ConvertArgs {
   bool quiet = false;
   bool out_of_order = false;
   int workers = 8;
+  std::string cache = "unsafe";         // -t
+  std::string src_cache = "writeback";  // -T
   OpenPolicy policy;
   std::string source;
   std::string dest;
@@ -101,7 +110,7 @@ int ParseArgs(int argc, char** argv, ConvertArgs* args) {
   };
   ResetGetopt();
   int c;
-  while ((c = getopt_long(argc, argv, "f:O:o:cB:F:nS:pqWm:Uh", kOptions,
+  while ((c = getopt_long(argc, argv, "f:O:o:cB:F:nS:pqWm:t:T:Uh", kOptions,
                           nullptr)) != -1) {
     switch (c) {
       case 'h':
@@ -156,6 +165,12 @@ int ParseArgs(int argc, char** argv, ConvertArgs* args) {
       case 'W':
         args->out_of_order = true;
         break;
+      case 't':
+        args->cache = optarg;
+        break;
+      case 'T':
+        args->src_cache = optarg;
+        break;
       case 'm': {
         char* end = nullptr;
         const long n = std::strtol(optarg, &end, 10);
@@ -204,8 +219,9 @@ absl::Status WriteAll(int fd, const uint8_t* p, size_t len, uint64_t offset,
 // A raw file or block device, written with pwrite.
 class FdTarget : public ConvertTarget {
  public:
-  FdTarget(int fd, std::string name, bool device)
-      : fd_(fd), name_(std::move(name)), device_(device) {}
+  // `sync`: fsync at the end (every cache mode but unsafe).
+  FdTarget(int fd, std::string name, bool device, bool sync)
+      : fd_(fd), name_(std::move(name)), device_(device), sync_(sync) {}
   ~FdTarget() override {
     if (fd_ >= 0) close(fd_);
   }
@@ -239,7 +255,9 @@ class FdTarget : public ConvertTarget {
         "Compression not supported for this file format");
   }
   absl::Status Finish() override {
-    if (fsync(fd_) != 0) return Errno(errno, absl::StrCat("syncing ", name_));
+    if (sync_ && fsync(fd_) != 0) {
+      return Errno(errno, absl::StrCat("syncing ", name_));
+    }
     const int fd = fd_;
     fd_ = -1;
     if (close(fd) != 0) return Errno(errno, absl::StrCat("closing ", name_));
@@ -250,6 +268,7 @@ class FdTarget : public ConvertTarget {
   int fd_;
   const std::string name_;
   const bool device_;
+  const bool sync_;
 };
 
 // An image opened through the library.
@@ -310,7 +329,8 @@ absl::StatusOr<std::unique_ptr<FdTarget>> OpenRawTarget(const ConvertArgs& a,
     return Errno(errno, absl::StrCat(create ? "cannot create " : "cannot open ",
                                      a.dest));
   }
-  auto target = std::make_unique<FdTarget>(fd, a.dest, device);
+  auto target = std::make_unique<FdTarget>(fd, a.dest, device,
+                                           a.cache != "unsafe");
   *zero_init = create;
   if (device) {
     uint64_t bytes = 0;
@@ -432,6 +452,16 @@ int RunConvert(int argc, char** argv) {
 
   OpenOptions opts;
   opts.format = args.format;
+  if (!ApplyCacheMode(args.src_cache, &opts).ok()) {
+    return ReportFailure(
+        absl::StrCat("Invalid source cache option: ", args.src_cache));
+  }
+  OpenOptions to;
+  to.read_write = true;
+  to.format = "qcow2";
+  if (auto s = ApplyCacheMode(args.cache, &to); !s.ok()) {
+    return ReportFailure(std::string(s.message()));
+  }
   args.policy.ApplyTo(&opts);
   auto image = Image::Open(args.source, opts);
   if (!image.ok()) return ReportError(image.status());
@@ -457,9 +487,6 @@ int RunConvert(int argc, char** argv) {
     if (!args.no_create) {
       if (int rc = CreateQcow2(args, source.size(), &req); rc >= 0) return rc;
     }
-    OpenOptions to;
-    to.read_write = true;
-    to.format = "qcow2";
     auto out = Image::Open(args.dest, to);
     if (!out.ok()) return ReportError(out.status());
     if ((*out)->size() < source.size()) return ReportError(OutputSmaller());
