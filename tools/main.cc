@@ -24,7 +24,7 @@ struct Command {
 constexpr Command kCommands[] = {
     {"info", RunInfo, "show facts about an image (and its backing chain)"},
     {"map", RunMap, "show how the virtual disk maps to the image files"},
-    {"convert", RunConvert, "copy an image's contents into a raw file"},
+    {"convert", RunConvert, "copy an image's contents into a raw or qcow2 file"},
     {"create", RunCreate, "create a new qcow2 or raw image"},
     {"snapshot", RunSnapshot,
      "internal snapshots (-l/-c/-a/-d) or an overlay backed by an image"},
