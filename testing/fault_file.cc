@@ -35,6 +35,18 @@ void FaultDisk::Land(uint64_t offset, const std::vector<uint8_t>& bytes) {
   std::memcpy(durable.data() + offset, bytes.data(), bytes.size());
 }
 
+void FaultDisk::Reset(const std::vector<uint8_t>& bytes, uint64_t die_at_op) {
+  std::lock_guard<std::mutex> lock(mu);
+  durable = bytes;
+  current = bytes;
+  pending.clear();
+  ops = 0;
+  die_at = die_at_op;
+  fail_once_at = 0;
+  fail_once_errno = 0;
+  dead = false;
+}
+
 void FaultDisk::Restart() {
   pending.clear();
   current = durable;

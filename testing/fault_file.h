@@ -39,6 +39,10 @@ struct FaultDisk {
   // Called with the op number before each counted operation.
   std::function<void(uint64_t op, const char* kind)> on_op;
 
+  // A fresh disk holding `bytes`, durable, with no fault planned but
+  // death at op `die_at` (0: never) and the op count at 0.
+  void Reset(const std::vector<uint8_t>& bytes, uint64_t die_at = 0);
+
   // Drops volatile writes. With a generator, each pending write survives
   // with probability 1/2 instead (a reordering disk cache).
   void PowerCut(std::mt19937* rng = nullptr);

@@ -120,15 +120,7 @@ class CrashAmendTest : public ::testing::TestWithParam<AmendCase> {
   // `die_after`-th file operation (0: never). Returns the operations made.
   uint64_t Run(uint64_t die_after) {
     auto disk = fs_.Disk(kPath);
-    {
-      std::lock_guard<std::mutex> lock(disk->mu);
-      disk->durable = initial_;
-      disk->current = initial_;
-      disk->pending.clear();
-      disk->ops = 0;
-      disk->die_at = die_after;
-      disk->dead = false;
-    }
+    disk->Reset(initial_, die_after);
     AmendOptions opts = GetParam().opts;
     opts.opener = &fs_;
     absl::Status s = AmendImage(kPath, opts);

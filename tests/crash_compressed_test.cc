@@ -86,15 +86,7 @@ class CrashCompressedTest
   // including the last flush that succeeded (0: none).
   uint64_t Run(uint64_t die_after, size_t* flushed) {
     auto disk = fs_.Disk("/d/img.qcow2");
-    {
-      std::lock_guard<std::mutex> lock(disk->mu);
-      disk->durable = initial_;
-      disk->current = initial_;
-      disk->pending.clear();
-      disk->ops = 0;
-      disk->die_at = 0;
-      disk->dead = false;
-    }
+    disk->Reset(initial_);
     OpenOptions oo;
     oo.read_write = true;
     oo.opener = &fs_;

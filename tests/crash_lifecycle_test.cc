@@ -164,14 +164,8 @@ class CrashLifecycleTest : public ::testing::TestWithParam<Config> {
     uint64_t count = 0;
     for (size_t i = 0; i < disks_.size(); ++i) {
       FaultDisk* d = disks_[i].get();
+      d->Reset(initial_[i]);
       std::lock_guard<std::mutex> lock(d->mu);
-      d->durable = initial_[i];
-      d->current = initial_[i];
-      d->pending.clear();
-      d->ops = 0;
-      d->die_at = 0;
-      d->fail_once_at = 0;
-      d->dead = false;
       // Single-threaded: the queues drive these files synchronously.
       d->on_op = [this, d, cut, &count](uint64_t op, const char*) {
         if (++count != cut) return;

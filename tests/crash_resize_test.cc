@@ -77,16 +77,7 @@ class CrashResizeTest : public ::testing::TestWithParam<Config> {
   // (0: never). Returns the resize's status.
   absl::Status RunResize(uint64_t die_at) {
     auto disk = fs_.Disk(kPath);
-    {
-      std::lock_guard<std::mutex> lock(disk->mu);
-      disk->durable = initial_;
-      disk->current = initial_;
-      disk->pending.clear();
-      disk->ops = 0;
-      disk->die_at = die_at;
-      disk->fail_once_at = 0;
-      disk->dead = false;
-    }
+    disk->Reset(initial_, die_at);
     OpenOptions oo;
     oo.read_write = true;
     oo.opener = &fs_;

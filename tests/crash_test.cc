@@ -202,16 +202,11 @@ class CrashTest : public ::testing::TestWithParam<Config> {
   Outcome RunWorkload(const std::vector<Op>& ops, uint64_t die_at,
                       uint64_t fail_once_at, int err) {
     auto disk = fs_.Disk("/d/top.qcow2");
+    disk->Reset(initial_top_, die_at);
     {
       std::lock_guard<std::mutex> lock(disk->mu);
-      disk->durable = initial_top_;
-      disk->current = initial_top_;
-      disk->pending.clear();
-      disk->ops = 0;
-      disk->die_at = die_at;
       disk->fail_once_at = fail_once_at;
       disk->fail_once_errno = err;
-      disk->dead = false;
     }
     Outcome out;
     std::vector<uint8_t> model = base_model_;

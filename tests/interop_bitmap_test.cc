@@ -328,16 +328,7 @@ TEST(BitmapCrashTest, PowerCutAtEveryStepOfOpenWriteClose) {
 
   FaultFileSystem fs;
   auto disk = fs.Disk("/d/a.qcow2");
-  auto reset = [&](uint64_t die_at) {
-    std::lock_guard<std::mutex> lock(disk->mu);
-    disk->durable = initial;
-    disk->current = initial;
-    disk->pending.clear();
-    disk->ops = 0;
-    disk->die_at = die_at;
-    disk->fail_once_at = 0;
-    disk->dead = false;
-  };
+  auto reset = [&](uint64_t die_at) { disk->Reset(initial, die_at); };
   // One session: open, writes, a flush, more writes, a clean close.
   auto session = [&]() -> absl::Status {
     OpenOptions oo;
