@@ -12,16 +12,26 @@ namespace qcow2 {
 
 using internal::Request;
 
+namespace {
+
+std::unique_ptr<Request> NewRequest(Request::Kind kind, uint64_t offset,
+                                    uint64_t len) {
+  auto r = std::make_unique<Request>();
+  r->kind = kind;
+  r->offset = offset;
+  r->len = len;
+  return r;
+}
+
+}  // namespace
+
 Queue::Queue(std::unique_ptr<internal::QueueImpl> impl)
     : impl_(std::move(impl)) {}
 Queue::~Queue() = default;
 
 absl::Status Queue::SubmitRead(uint64_t offset, absl::Span<uint8_t> buf,
                                Completion done) {
-  auto r = std::make_unique<Request>();
-  r->kind = Request::Kind::kRead;
-  r->offset = offset;
-  r->len = buf.size();
+  auto r = NewRequest(Request::Kind::kRead, offset, buf.size());
   r->rbuf = buf.data();
   r->done = std::move(done);
   return impl_->Submit(std::move(r));
@@ -29,10 +39,7 @@ absl::Status Queue::SubmitRead(uint64_t offset, absl::Span<uint8_t> buf,
 
 absl::Status Queue::SubmitWrite(uint64_t offset, absl::Span<const uint8_t> data,
                                 Completion done) {
-  auto r = std::make_unique<Request>();
-  r->kind = Request::Kind::kWrite;
-  r->offset = offset;
-  r->len = data.size();
+  auto r = NewRequest(Request::Kind::kWrite, offset, data.size());
   r->wbuf = data.data();
   r->done = std::move(done);
   return impl_->Submit(std::move(r));
@@ -41,10 +48,7 @@ absl::Status Queue::SubmitWrite(uint64_t offset, absl::Span<const uint8_t> data,
 absl::Status Queue::SubmitWriteCompressed(uint64_t offset,
                                           absl::Span<const uint8_t> data,
                                           Completion done) {
-  auto r = std::make_unique<Request>();
-  r->kind = Request::Kind::kWrite;
-  r->offset = offset;
-  r->len = data.size();
+  auto r = NewRequest(Request::Kind::kWrite, offset, data.size());
   r->wbuf = data.data();
   r->compressed = true;
   if (absl::Status s = impl_->engine()->PrepareCompressed(r.get()); !s.ok()) {
@@ -124,10 +128,7 @@ absl::Status Queue::SubmitWritev(uint64_t offset, absl::Span<const iovec> iov,
 
 absl::Status Queue::SubmitWriteZeroes(uint64_t offset, uint64_t len,
                                       bool unmap, Completion done) {
-  auto r = std::make_unique<Request>();
-  r->kind = Request::Kind::kWriteZeroes;
-  r->offset = offset;
-  r->len = len;
+  auto r = NewRequest(Request::Kind::kWriteZeroes, offset, len);
   r->unmap = unmap;
   r->done = std::move(done);
   return impl_->Submit(std::move(r));
@@ -135,10 +136,7 @@ absl::Status Queue::SubmitWriteZeroes(uint64_t offset, uint64_t len,
 
 absl::Status Queue::SubmitDiscard(uint64_t offset, uint64_t len,
                                   Completion done) {
-  auto r = std::make_unique<Request>();
-  r->kind = Request::Kind::kDiscard;
-  r->offset = offset;
-  r->len = len;
+  auto r = NewRequest(Request::Kind::kDiscard, offset, len);
   r->done = std::move(done);
   return impl_->Submit(std::move(r));
 }
