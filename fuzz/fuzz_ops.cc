@@ -526,11 +526,15 @@ class Runner {
       Log(absl::StrCat("zero off=", off, " len=", len, unmap ? " unmap" : ""));
       MustOk(image_->WriteZeroes(off, len, unmap), "WriteZeroes");
       std::fill(model_.begin() + off, model_.begin() + off + len, 0);
+      testing::ZeroTailBytes(&tail_, model_.size(), off, len, top_cs_,
+                             chain_.size() > 1);
       VerifyAround(off, len);
     } else if (kind <= 9) {
       Log(absl::StrCat("discard off=", off, " len=", len));
       MustOk(image_->Discard(off, len), "Discard");
       std::fill(model_.begin() + off, model_.begin() + off + len, 0);
+      testing::ZeroTailBytes(&tail_, model_.size(), off, len, top_cs_,
+                             chain_.size() > 1);
       VerifyAround(off, len);
     } else if (kind == 10) {
       Log("flush");

@@ -141,6 +141,14 @@ void GrowBytes(std::vector<uint8_t>* bytes, std::vector<uint8_t>* tail,
   tail->erase(tail->begin(), tail->begin() + kept);
 }
 
+void ZeroTailBytes(std::vector<uint8_t>* tail, uint64_t size, uint64_t offset,
+                   uint64_t len, uint64_t cluster_size, bool has_backing) {
+  if (has_backing || tail->empty() || offset + len != size) return;
+  if (offset <= size / cluster_size * cluster_size) {
+    std::fill(tail->begin(), tail->end(), 0);
+  }
+}
+
 void ShrinkBytes(std::vector<uint8_t>* bytes, std::vector<uint8_t>* tail,
                  uint64_t size, uint64_t cluster_size,
                  absl::Span<const uint8_t> backing) {

@@ -79,6 +79,13 @@ void GrowBytes(std::vector<uint8_t>* bytes, std::vector<uint8_t>* tail,
 void ShrinkBytes(std::vector<uint8_t>* bytes, std::vector<uint8_t>* tail,
                  uint64_t size, uint64_t cluster_size,
                  absl::Span<const uint8_t> backing);
+// A write-zeroes or discard of [offset, +len) on a disk of `size` bytes
+// that covers its final partial cluster from the cluster's start to the
+// end zeroes that cluster whole when the image has no backing file (the
+// library's rule, lib/driver/zeroer.cc): what a shrink kept past the end
+// then reads as zeros.
+void ZeroTailBytes(std::vector<uint8_t>* tail, uint64_t size, uint64_t offset,
+                   uint64_t len, uint64_t cluster_size, bool has_backing);
 
 // The expected contents of the virtual disk.
 class DiskModel {
@@ -119,6 +126,12 @@ class DiskModel {
   void Shrink(uint64_t size, uint64_t cluster_size,
               absl::Span<const uint8_t> backing) {
     ShrinkBytes(&bytes_, &tail_, size, cluster_size, backing);
+  }
+  // After a write-zeroes or discard of [offset, +len): see ZeroTailBytes.
+  void ZeroTail(uint64_t offset, uint64_t len, uint64_t cluster_size,
+                bool has_backing) {
+    ZeroTailBytes(&tail_, bytes_.size(), offset, len, cluster_size,
+                  has_backing);
   }
 
  private:

@@ -857,6 +857,10 @@ class ModelRun {
     }
     if (!s.ok()) return Fail(absl::StrCat(op.ToString(), " failed: ", s.ToString()));
     model_->Apply(op);
+    if (op.kind == ModelOp::Kind::kZero || op.kind == ModelOp::Kind::kDiscard) {
+      model_->ZeroTail(op.offset, op.length, TopClusterSize(),
+                       chain_.size() > 1);
+    }
     if (op.IsDataOp()) {
       // The op's clusters and one cluster either side.
       const uint64_t cs = cfg_.cluster_size;
