@@ -24,18 +24,29 @@ bool RangeLockTable::Conflicts(const Request* a, const Request* b) {
 }
 
 void RangeLockTable::Add(Request* r) {
-  list_.push_back(r);
+  r->lock.pos = list_.insert(list_.end(), r);
   r->lock.in_table = true;
+  if (!r->lock.granted) ++waiting_;
+  if (!r->lock.shared) ++exclusive_;
+}
+
+void RangeLockTable::Grant(Request* r) {
+  if (r->lock.granted) return;
+  r->lock.granted = true;
+  --waiting_;
 }
 
 void RangeLockTable::Remove(Request* r, bool grant) {
   if (!r->lock.in_table) return;
-  list_.remove(r);
+  list_.erase(r->lock.pos);
   r->lock.in_table = false;
+  if (!r->lock.granted) --waiting_;
+  if (!r->lock.shared) --exclusive_;
   if (grant) GrantWaiters();
 }
 
 bool RangeLockTable::CanGrant(const Request* r) const {
+  if (r->lock.shared && exclusive_ == 0) return true;
   bool before = true;
   for (const Request* other : list_) {
     if (other == r) {
@@ -50,17 +61,25 @@ bool RangeLockTable::CanGrant(const Request* r) const {
 }
 
 void RangeLockTable::GrantWaiters() {
+  if (waiting_ == 0) return;
   for (Request* w : list_) {
     if (w->lock.granted || !CanGrant(w)) continue;
-    w->lock.granted = true;
+    Grant(w);
     w->waiter->Wake(w);
   }
 }
 
 bool RangeLockTable::Widen(Request* r) {
   SetRange(r, false);
-  r->lock.granted = CanGrant(r);
-  if (r->lock.granted) return true;
+  const bool granted = CanGrant(r);
+  if (granted) {
+    Grant(r);
+    return true;
+  }
+  if (r->lock.granted) {
+    r->lock.granted = false;
+    ++waiting_;
+  }
   r->parked = true;
   // r gave up what it held: earlier requests that waited only for it
   // (they could not go on while a later request held an overlapping

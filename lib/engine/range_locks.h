@@ -5,6 +5,7 @@
 #ifndef QCOW2_LIB_ENGINE_RANGE_LOCKS_H_
 #define QCOW2_LIB_ENGINE_RANGE_LOCKS_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <list>
 
@@ -27,8 +28,11 @@ class RangeLockTable {
   // Sets r->lock to r's own bytes (`fine`) or its whole clusters.
   void SetRange(Request* r, bool fine) const;
 
-  // Appends r (arrival order). REQUIRES: r is not in the table.
+  // Appends r (arrival order), granted or not as r->lock.granted says.
+  // REQUIRES: r is not in the table; r->lock.shared is set and stays.
   void Add(Request* r);
+  // Marks r, in the table, as holding its range (CanGrant said it may).
+  void Grant(Request* r);
   // Removes r, and (with `grant`) grants and wakes the waiters it kept
   // out; without, the caller calls GrantWaiters once it has removed all it
   // removes.
@@ -49,6 +53,12 @@ class RangeLockTable {
   static bool Conflicts(const Request* a, const Request* b);
 
   std::list<Request*> list_;  // holding or waiting, in arrival order
+  // Of the requests in list_: how many wait (not granted), and how many
+  // are not shared. With no exclusive request a shared one conflicts with
+  // nothing, and with no waiter there is nothing to grant: a table of
+  // reads only costs no walk.
+  size_t waiting_ = 0;
+  size_t exclusive_ = 0;
   uint32_t cluster_bits_ = 16;
   uint32_t unit_bits_ = 16;
 };

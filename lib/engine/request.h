@@ -7,6 +7,7 @@
 #include <sys/uio.h>
 
 #include <cstdint>
+#include <list>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -61,6 +62,9 @@ struct RangeLock {
   bool shared = false;
   bool granted = false;
   bool in_table = false;
+  // Where the request sits in the table's list while in_table (removal
+  // without a walk).
+  std::list<Request*>::iterator pos;
 };
 
 // A metadata cache miss that planning deferred (MissDeferral): the
