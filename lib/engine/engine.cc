@@ -41,27 +41,27 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(
 
 absl::Status Engine::Validate(const Request& r) const {
   EngineLock lock(&mu_);
+  return CheckLocked(r);
+}
+
+absl::Status Engine::CheckLocked(const Request& r) const {
   if (chain_->closed()) return chain_->ClosedError();
   if (r.is_flush()) return absl::OkStatus();
   if (!r.is_read()) RETURN_IF_ERROR(chain_->CheckWritable());
   return chain_->CheckRange(r.offset, r.len);
 }
 
-bool Engine::Begin(Request* r) {
+bool Engine::Begin(Request* r, absl::Status* rejected) {
   EngineLock lock(&mu_);
-  StatsScope scope(&r->stats);
-  if (chain_->closed()) {
-    r->status = chain_->ClosedError();
+  if (absl::Status s = CheckLocked(*r); !s.ok()) {
+    if (rejected != nullptr) {
+      *rejected = std::move(s);
+    } else {
+      r->status = std::move(s);
+    }
     return true;
   }
-  if (!r->is_flush()) {
-    absl::Status s = r->is_read() ? absl::OkStatus() : chain_->CheckWritable();
-    if (s.ok()) s = chain_->CheckRange(r->offset, r->len);
-    if (!s.ok()) {
-      r->status = std::move(s);
-      return true;
-    }
-  }
+  StatsScope scope(&r->stats);
   // Read-only chains never change: reads need no ordering.
   if (r->is_flush() || r->len == 0 || !writable_) {
     PlanLocked(r);
@@ -84,7 +84,7 @@ bool Engine::Begin(Request* r) {
   r->lock.shared = r->is_read();
   locks_.Add(r);
   if (!locks_.CanGrant(r)) return false;
-  r->lock.granted = true;
+  locks_.Grant(r);
   r->lock.fine_just_checked = fine;
   PlanLocked(r);
   r->lock.fine_just_checked = false;

@@ -72,8 +72,11 @@ class Engine {
   // Returns true if the request was planned (or failed: see r->status) and
   // its I/O may start; false if it waits for overlapping requests, in
   // which case r->waiter->Wake(r) is called later and the owner calls
-  // Plan(r).
-  bool Begin(Request* r) ABSL_LOCKS_EXCLUDED(mu_);
+  // Plan(r). With `rejected`, a request that fails Validate's checks is
+  // not taken at all: the error goes to *rejected (r->status untouched)
+  // and Begin returns true; one lock hold does both.
+  bool Begin(Request* r, absl::Status* rejected = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void Plan(Request* r) ABSL_LOCKS_EXCLUDED(mu_);
   // After planning left r->miss.cache set: the executor has run
   // r->miss.op (a read, with no lock held; its error, if any, in
@@ -149,6 +152,9 @@ class Engine {
   absl::Status ShrinkLocked(uint64_t new_size)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   explicit Engine(std::unique_ptr<Chain> chain);
+  // Validate's checks, under the lock.
+  absl::Status CheckLocked(const Request& r) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void PlanLocked(Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs `plan` for r with metadata misses deferred (MissDeferral) and,

@@ -117,12 +117,17 @@ absl::Status QueueImpl::Submit(std::unique_ptr<Request> r) {
         absl::StrCat("queue is full (", in_flight_,
                      " requests in flight, depth ", depth_, ")"));
   }
-  if (absl::Status s = engine_->Validate(*r); !s.ok()) return s;
-  Request* req = r.release();
+  Request* req = r.get();
   req->owner = this;
   req->waiter = this;
+  // Validated and begun in one hold of the engine's lock; a request that
+  // fails the checks is refused here, its callback never called.
+  absl::Status rejected;
+  const bool ready = engine_->Begin(req, &rejected);
+  if (!rejected.ok()) return rejected;
+  r.release();
   ++in_flight_;
-  if (engine_->Begin(req)) Start(req);
+  if (ready) Start(req);
   if (notify_fd_.load(std::memory_order_relaxed) >= 0) {
     // An event loop waits for the notifier, not in Poll: its I/O must
     // reach the kernel now. And a request that finished already (a read
