@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""fio through NBD against three servers in one run.
+"""fio through NBD against several servers in one run, side by side.
 
-Servers (each on a Unix socket, one after the other, same jobs):
-  qcowtool  `qcowtool serve --direct` on a qcow2 image (the libqcow2 plugin)
-  qemu-nbd  `qemu-nbd --aio=io_uring --cache=none` on the same image
-  raw       nbdkit's `file` plugin on a raw file with the same bytes: the
-            transport's ceiling (no format at all; through the page cache)
-  raw-direct (only with --servers) qemu-nbd --cache=none on the raw file:
-            the ceiling for the O_DIRECT servers
+Servers (each on a Unix socket; each serves a copy of the image of its
+own, so that they can all run at once):
+  qcowtool         `qcowtool serve --direct` on a qcow2 image (the libqcow2
+                   plugin, O_DIRECT)
+  qemu-nbd         `qemu-nbd --aio=io_uring --cache=none` on the same image
+  qcowtool-cached  `qcowtool serve` without --direct: through the page
+                   cache, as the raw server
+  raw              nbdkit's `file` plugin on a raw file with the same bytes:
+                   the transport's ceiling (no format at all; page cache)
+  raw-direct       (only with --servers) qemu-nbd --cache=none on the raw
+                   file: the ceiling for the O_DIRECT servers
 
 Jobs (fio --ioengine=nbd, one NBD connection per fio job):
   CrystalDiskMark rows on the allocated image, read and write:
@@ -18,9 +22,19 @@ Jobs (fio --ioengine=nbd, one NBD connection per fio job):
   3img-RND4K-Q32T1-write three writers on three fresh images at once, one
                          server each (the "three VMs" case); summed
 
+Method: the CDM servers run at once and take turns job by job, and the
+fresh-image jobs run server after server; --repeat rounds of each, the
+order of the servers rotated every round, and the fastest run of each
+(server, job) is kept. So a change of the machine's load (shared machines
+swing by 2x within minutes) lands on every server alike.
+
 Output: one JSON object per (server, job) row on stdout or --json FILE,
 and a markdown table (--table FILE, default stdout) with MB/s for SEQ rows
-and IOPS for RND rows, and qcowtool's ratio to qemu-nbd and to raw.
+and IOPS for RND rows, and the ratios that compare like with like:
+qcowtool / qemu-nbd (both O_DIRECT), qcowtool-cached / raw (both through
+the page cache, one nbdkit each: what libqcow2 costs over a raw file), and
+qcowtool / raw-direct when that server runs. Every qcow2 image a qcowtool
+server wrote is checked with `qemu-img check` afterwards.
 
   bench/nbd_bench.py --qcowtool build/qcowtool --size 1G --runtime 5
   bench/nbd_bench.py --qcowtool build/qcowtool --small   # CI: 64 MiB, 1 s
@@ -50,11 +64,15 @@ CDM_JOBS = [
     ("RND4K-Q1T1", "randread", "4k", 1, 1),
     ("RND4K-Q1T1", "randwrite", "4k", 1, 1),
 ]
-SERVERS = ["qcowtool", "qemu-nbd", "raw"]
+SERVERS = ["qcowtool", "qemu-nbd", "qcowtool-cached", "raw"]
 # Optional (--servers): the raw file through qemu-nbd with O_DIRECT, the
 # ceiling for O_DIRECT servers (nbdkit's file plugin goes through the page
 # cache).
 EXTRA_SERVERS = ["raw-direct"]
+# The ratios the table prints: (server, against), each pair in the same
+# cache mode (O_DIRECT against O_DIRECT, page cache against page cache).
+RATIOS = [("qcowtool", "qemu-nbd"), ("qcowtool-cached", "raw"),
+          ("qcowtool", "raw-direct")]
 
 
 def log(msg):
@@ -98,8 +116,9 @@ class Server:
             os.unlink(sock)  # left by an earlier run in the same --dir
         self.sock = sock
         self.uri = "nbd+unix:///?socket=" + sock
-        if kind == "qcowtool":
-            argv = ([args.qcowtool, "serve", "--socket", sock, "--direct"] +
+        if kind in ("qcowtool", "qcowtool-cached"):
+            direct = ["--direct"] if kind == "qcowtool" else []
+            argv = ([args.qcowtool, "serve", "--socket", sock] + direct +
                     args.serve_args.split() + [image])
         elif kind == "qemu-nbd":
             argv = ["qemu-nbd", "-k", sock, "-f", "qcow2", "--aio=io_uring",
@@ -177,44 +196,60 @@ def make_data_file(path, size):
             n += 1
 
 
-def bench_server(kind, work, args, size, rows):
-    qcow = os.path.join(work, "image.qcow2")
-    raw = os.path.join(work, "image.raw")
-    sock = os.path.join(work, kind + ".sock")
-    image = raw if kind.startswith("raw") else qcow
+def server_image(kind, work):
+    """The allocated image a CDM server serves: a copy of its own, so that
+    every server runs at once without sharing a lock or a page cache."""
+    base = "image.raw" if kind.startswith("raw") else "image.qcow2"
+    path = os.path.join(work, "%s-%s" % (kind, base))
+    if not os.path.exists(path):
+        shutil.copyfile(os.path.join(work, base), path)
+    return path
+
+
+def bench_cdm(kinds, work, args, size, best):
+    """Every CDM job against every server, the servers running at once and
+    taking turns job by job (the order rotated each round), so that a change
+    of the machine's load lands on all of them alike."""
     cdm = [j for j in CDM_JOBS if not args.jobs or j[0] in args.jobs.split(",")]
-    srv = Server(kind, image, sock, args) if cdm else None
+    if not cdm:
+        return
+    servers = {}
     try:
+        for kind in kinds:
+            servers[kind] = Server(kind, server_image(kind, work),
+                                   os.path.join(work, kind + ".sock"), args)
         for name, rw, bs, qd, nj in cdm:
-            uri = srv.uri
-            iops, bw, lat = fio([dict(uri=uri, rw=rw, bs=bs, iodepth=qd,
-                                      numjobs=nj)], args.runtime, size)
-            add_row(rows, kind, name, rw, iops, bw, lat)
+            for rep in range(args.repeat):
+                for kind in rotated(kinds, rep):
+                    iops, bw, lat = fio([dict(uri=servers[kind].uri, rw=rw,
+                                              bs=bs, iodepth=qd, numjobs=nj)],
+                                        args.runtime, size)
+                    keep(best, kind, name, rw, iops, bw, lat)
     finally:
-        if srv:
+        for srv in servers.values():
             srv.stop()
 
-    if not args.jobs or "ovl-RND4K-Q32T1" in args.jobs.split(","):
-        bench_overlay(kind, work, args, size, rows, sock, qcow)
-    if args.jobs and "3img-RND4K-Q32T1" not in args.jobs.split(","):
-        return
-    bench_three(kind, work, args, size, rows)
+
+def rotated(kinds, rep):
+    k = rep % len(kinds)
+    return kinds[k:] + kinds[:k]
 
 
-def bench_overlay(kind, work, args, size, rows, sock, qcow):
-    # 4 KiB random writes into a fresh overlay (raw: a fresh sparse file).
-    fresh = fresh_image(kind, work, "ovl", qcow, size)
-    srv = Server(kind, fresh, sock, args)
-    uri = srv.uri
+def bench_overlay(kind, work, args, size, best):
+    # 4 KiB random writes into a fresh overlay of a base no server writes
+    # (raw servers: a fresh sparse raw file).
+    base = os.path.join(work, "image.qcow2")
+    fresh = fresh_image(kind, work, "ovl", base, size)
+    srv = Server(kind, fresh, os.path.join(work, kind + "-ovl.sock"), args)
     try:
-        iops, bw, lat = fio([dict(uri=uri, rw="randwrite", bs="4k",
+        iops, bw, lat = fio([dict(uri=srv.uri, rw="randwrite", bs="4k",
                                   iodepth=32, numjobs=1)], args.runtime, size)
-        add_row(rows, kind, "ovl-RND4K-Q32T1", "randwrite", iops, bw, lat)
+        keep(best, kind, "ovl-RND4K-Q32T1", "randwrite", iops, bw, lat)
     finally:
         srv.stop()
 
 
-def bench_three(kind, work, args, size, rows):
+def bench_three(kind, work, args, size, best):
     """Three writers, three fresh images, three servers, at once."""
     servers, jobs = [], []
     try:
@@ -225,10 +260,21 @@ def bench_three(kind, work, args, size, rows):
             jobs.append(dict(uri=servers[-1].uri, rw="randwrite",
                              bs="4k", iodepth=32, numjobs=1))
         iops, bw, lat = fio(jobs, args.runtime, size)
-        add_row(rows, kind, "3img-RND4K-Q32T1", "randwrite", iops, bw, lat)
+        keep(best, kind, "3img-RND4K-Q32T1", "randwrite", iops, bw, lat)
     finally:
         for s in servers:
             s.stop()
+
+
+def bench_fresh(kinds, work, args, size, best):
+    """The fresh-image jobs, round by round, every server in each round."""
+    wanted = args.jobs.split(",") if args.jobs else None
+    for rep in range(args.repeat):
+        for kind in rotated(kinds, rep):
+            if wanted is None or "ovl-RND4K-Q32T1" in wanted:
+                bench_overlay(kind, work, args, size, best)
+            if wanted is None or "3img-RND4K-Q32T1" in wanted:
+                bench_three(kind, work, args, size, best)
 
 
 def fresh_image(kind, work, tag, backing, size):
@@ -251,36 +297,48 @@ def fresh_image(kind, work, tag, backing, size):
     return path
 
 
-def add_row(rows, server, job, rw, iops, bw, lat):
+JOB_ORDER = [j[0] + "/" + j[1] for j in CDM_JOBS] + [
+    "ovl-RND4K-Q32T1/randwrite", "3img-RND4K-Q32T1/randwrite"]
+
+
+def row_order(key):
+    server, job, rw = key
+    all_servers = SERVERS + EXTRA_SERVERS
+    return (all_servers.index(server), JOB_ORDER.index(job + "/" + rw))
+
+
+def keep(best, server, job, rw, iops, bw, lat):
+    """Records one run; the fastest of a (server, job, rw) is kept."""
     row = dict(server=server, job=job, rw=rw, iops=round(iops, 1),
                mbps=round(bw, 1), lat_us=round(lat, 1))
-    rows.append(row)
-    log("  %-9s %-18s %-9s %10.0f IOPS %9.1f MB/s %9.1f us" % (
+    log("  %-15s %-18s %-9s %10.0f IOPS %9.1f MB/s %9.1f us" % (
         server, job, rw, iops, bw, lat))
+    key = (server, job, rw)
+    if key not in best or best[key]["iops"] < row["iops"]:
+        best[key] = row
 
 
 def table(rows):
     by = {(r["server"], r["job"], r["rw"]): r for r in rows}
     servers = [s for s in SERVERS + EXTRA_SERVERS
                if any(r["server"] == s for r in rows)]
+    pairs = [(a, b) for a, b in RATIOS if a in servers and b in servers]
     keys = []
     for r in rows:
         k = (r["job"], r["rw"])
         if k not in keys:
             keys.append(k)
-    others = [s for s in servers if s != "qcowtool"]
     lines = ["| job | rw | unit | " + " | ".join(servers) + " | " +
-             " | ".join("qcowtool / " + s for s in others) + " |",
-             "|---|---|---|" + "---:|" * (len(servers) + len(others))]
+             " | ".join("%s / %s" % p for p in pairs) + " |",
+             "|---|---|---|" + "---:|" * (len(servers) + len(pairs))]
     for job, rw in keys:
         unit = "MB/s" if job.startswith("SEQ") else "IOPS"
         field = "mbps" if unit == "MB/s" else "iops"
         val = {s: by.get((s, job, rw), {}).get(field) for s in servers}
         cells = ["%.0f" % val[s] if val[s] is not None else "-"
                  for s in servers]
-        q = val.get("qcowtool")
-        ratios = ["%.2f" % (q / val[s]) if q is not None and val[s] else "-"
-                  for s in others]
+        ratios = ["%.2f" % (val[a] / val[b]) if val[a] is not None and val[b]
+                  else "-" for a, b in pairs]
         lines.append("| %s | %s | %s | " % (job, rw, unit) +
                      " | ".join(cells + ratios) + " |")
     return "\n".join(lines) + "\n"
@@ -310,13 +368,16 @@ def main():
                     "'--threads 32' or '--sync')")
     ap.add_argument("--jobs", default="",
                     help="comma-separated job names to run (default: all)")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="rounds of every job; the fastest run of each "
+                    "server counts (default 3)")
     ap.add_argument("--small", action="store_true",
-                    help="CI mode: 64 MiB, 1 s per job")
+                    help="CI mode: 64 MiB, 1 s per job, one round")
     ap.add_argument("--json", help="write the JSON rows here (one per line)")
     ap.add_argument("--table", help="write the markdown table here")
     args = ap.parse_args()
     if args.small:
-        args.size, args.runtime = "64M", 1
+        args.size, args.runtime, args.repeat = "64M", 1, 1
     size = parse_size(args.size)
 
     for tool in ("nbdkit", "qemu-nbd", "qemu-img", "fio"):
@@ -342,18 +403,25 @@ def main():
             " ".join("%.2f" % x for x in os.getloadavg())))
         make_data_file(raw, size)
         run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", raw, qcow])
-        for kind in args.servers.split(","):
+        kinds = args.servers.split(",")
+        for kind in kinds:
             if kind not in SERVERS + EXTRA_SERVERS:
                 log("nbd_bench: unknown server '%s' (--servers)" % kind)
                 return 1
-            log("nbd_bench: %s" % kind)
-            bench_server(kind, work, args, size, rows)
-        check = subprocess.run(["qemu-img", "check", qcow],
-                               capture_output=True, text=True)
-        if check.returncode != 0:
-            log("nbd_bench: qemu-img check %s after the run:\n%s" % (
-                qcow, check.stdout + check.stderr))
-            return 1
+        best = {}
+        bench_cdm(kinds, work, args, size, best)
+        bench_fresh(kinds, work, args, size, best)
+        rows = [best[k] for k in sorted(best, key=row_order)]
+        # Every qcow2 image a qcowtool server wrote must pass qemu-img check.
+        for name in sorted(os.listdir(work)):
+            if name.startswith("qcowtool") and name.endswith(".qcow2"):
+                path = os.path.join(work, name)
+                check = subprocess.run(["qemu-img", "check", path],
+                                       capture_output=True, text=True)
+                if check.returncode != 0:
+                    log("nbd_bench: qemu-img check %s after the run:\n%s" % (
+                        path, check.stdout + check.stderr))
+                    return 1
     except (RuntimeError, subprocess.TimeoutExpired) as e:
         log("nbd_bench: %s" % e)
         return 1
