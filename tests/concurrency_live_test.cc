@@ -10,7 +10,9 @@
 // submitted. After the job: the chain is the shorter one, the disk equals
 // the model, every image passes `qemu-img check`, and a fresh open (and
 // qemu-img reading the top) equals the model. Cancelled jobs leave the
-// old chain; rate-limited ones report progress.
+// old chain; rate-limited ones report progress. Between two chunks the job
+// waits for more guest requests to complete, so the guests run during the
+// job however the threads are scheduled.
 #include <atomic>
 #include <deque>
 #include <mutex>
@@ -120,6 +122,11 @@ class LiveJobTest : public ::testing::TestWithParam<Config> {
   // stripes, and flushes on its own Queue, up to 8 in flight, until `stop`
   // (and at least `min_ops`).
   void Guest(Image* image, int t, const std::atomic<bool>* stop, int min_ops) {
+    // A guest that stops early (a failed assertion) stops the job's waits.
+    struct Exit {
+      std::atomic<int>* running;
+      ~Exit() { running->fetch_sub(1); }
+    } exit{&guests_running_};
     auto queue = image->CreateQueue();
     ASSERT_OK(queue.status());
     Queue* q = queue->get();
@@ -145,6 +152,7 @@ class LiveJobTest : public ::testing::TestWithParam<Config> {
               << " bytes) does not match the model";
         }
         pending.pop_front();
+        guest_done_.fetch_add(1);
       }
     };
     while (ops < min_ops || !stop->load()) {
@@ -210,6 +218,7 @@ class LiveJobTest : public ::testing::TestWithParam<Config> {
     if (!img.ok()) return img.status();
     *image = std::move(img).value();
     std::atomic<bool> stop{false};
+    guests_running_ = kThreads;
     std::vector<std::thread> guests;
     for (int t = 0; t < kThreads; ++t) {
       guests.emplace_back([&, t] { Guest(image->get(), t, &stop, 60); });
@@ -250,6 +259,9 @@ class LiveJobTest : public ::testing::TestWithParam<Config> {
     }
   }
 
+  // Guest requests completed (and checked), over all threads.
+  std::atomic<uint64_t> guest_done_{0};
+  std::atomic<int> guests_running_{0};
   TempDir dir_;
   std::mutex model_mu_;
   testing::DiskModel model_{kDisk};
@@ -266,6 +278,13 @@ TEST_P(LiveJobTest, GuestWritesSurviveAndChainShortens) {
   std::mutex progress_mu;
   uint64_t last_done = 0, calls = 0, total = 0;
   jo.progress = [&](uint64_t done, uint64_t all) {
+    // The guests get on between chunks, whatever the scheduler does: each
+    // chunk waits here for more guest requests to complete (while the
+    // job's other thread copies its own chunk).
+    const uint64_t want = guest_done_.load() + 8;
+    while (guest_done_.load() < want && guests_running_.load() == kThreads) {
+      std::this_thread::yield();
+    }
     std::lock_guard<std::mutex> lock(progress_mu);
     EXPECT_GE(done, last_done);
     last_done = done;
