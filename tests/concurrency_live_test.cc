@@ -313,6 +313,21 @@ TEST_P(LiveJobTest, GuestWritesSurviveAndChainShortens) {
     if (c.base < 4) {
       EXPECT_EQ(chain[1].filename, Path(keep));
     }
+    // The layers that left the chain are unlocked: another writer may
+    // open them now. The layers still in it are not.
+    OpenOptions rw;
+    rw.read_write = true;
+    const int dropped = c.job == Job::kStream ? c.base : keep;
+    for (int depth = 1; depth < 4; ++depth) {
+      auto other = Image::Open(Path(depth), rw);
+      if (depth < dropped) {
+        EXPECT_TRUE(other.ok()) << Name(depth) << " left the chain: "
+                                << other.status();
+      } else {
+        EXPECT_EQ(other.status().code(), absl::StatusCode::kUnavailable)
+            << Name(depth) << " is still in the chain: " << other.status();
+      }
+    }
   }
   EXPECT_OK(CheckDisk(image.get()));
   ASSERT_OK(image->Close());

@@ -316,6 +316,17 @@ int LiveOptions(const qcow2_live_options_t* in, qcow2::LiveJobOptions* out,
   return 0;
 }
 
+// Runs one of Image's live jobs for a C caller.
+int RunLiveJob(absl::Status (qcow2::Image::*job)(int,
+                                                 const qcow2::LiveJobOptions&),
+               qcow2_image_t* img, int base, const qcow2_live_options_t* opts,
+               char** errptr) {
+  if (NullArg(img, "image", errptr)) return -EINVAL;
+  qcow2::LiveJobOptions o;
+  if (int rc = LiveOptions(opts, &o, errptr); rc != 0) return rc;
+  return Report((img->image.get()->*job)(base, o), errptr);
+}
+
 // The callback of a C submit: queues the completion for poll.
 qcow2::Completion Deliver(qcow2_queue_t* q, void* user_data, int64_t bytes) {
   return [q, user_data, bytes](absl::Status s) {
@@ -642,18 +653,12 @@ void qcow2_live_control_destroy(qcow2_live_control_t* c) { delete c; }
 
 int qcow2_image_live_stream(qcow2_image_t* img, int base,
                             const qcow2_live_options_t* opts, char** errptr) {
-  if (NullArg(img, "image", errptr)) return -EINVAL;
-  qcow2::LiveJobOptions o;
-  if (int rc = LiveOptions(opts, &o, errptr); rc != 0) return rc;
-  return Report(img->image->LiveStream(base, o), errptr);
+  return RunLiveJob(&qcow2::Image::LiveStream, img, base, opts, errptr);
 }
 
 int qcow2_image_live_commit(qcow2_image_t* img, int base,
                             const qcow2_live_options_t* opts, char** errptr) {
-  if (NullArg(img, "image", errptr)) return -EINVAL;
-  qcow2::LiveJobOptions o;
-  if (int rc = LiveOptions(opts, &o, errptr); rc != 0) return rc;
-  return Report(img->image->LiveCommit(base, o), errptr);
+  return RunLiveJob(&qcow2::Image::LiveCommit, img, base, opts, errptr);
 }
 
 }  // extern "C"
