@@ -368,6 +368,26 @@ TEST(LiveJobErrorsTest, RefusesWhatItCannotDo) {
   // A stream to the immediate backing file changes nothing.
   EXPECT_OK(img->LiveStream(1));
   EXPECT_EQ(img->GetChainInfo().size(), 3u);
+  // While a job runs, what would change the chain under it refuses, and
+  // so does a second job.
+  std::vector<absl::Status> during;
+  LiveJobOptions watch;
+  watch.chunk = 256 << 10;
+  watch.progress = [&](uint64_t, uint64_t) {
+    if (!during.empty()) return;
+    during.push_back(img->CreateOverlay(dir.File("o.qcow2"), {}));
+    during.push_back(img->Resize(2 << 20));
+    during.push_back(img->ChangeBackingFile("b.qcow2", "qcow2"));
+    during.push_back(img->LiveStream(3));
+    during.push_back(img->LiveCommit(2));
+  };
+  EXPECT_OK(img->LiveStream(3, watch));
+  ASSERT_EQ(during.size(), 5u);
+  for (const absl::Status& s : during) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  }
+  EXPECT_EQ(img->GetChainInfo().size(), 1u);
+  EXPECT_EQ(img->size(), 1u << 20);
   ASSERT_OK(img->Close());
 }
 
