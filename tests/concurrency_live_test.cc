@@ -70,8 +70,9 @@ class LiveJobTest : public ::testing::TestWithParam<Config> {
   }
 
   // base (64 KiB), mid1 (32 KiB, extended L2), mid2 (4 KiB), top (the
-  // config's), each written with data, zeroes and discards while it was
-  // the top, the model following.
+  // config's), each written with data, zeroes and discards (and compressed
+  // clusters, in base and mid2) while it was the top, the model
+  // following.
   void SetUp() override {
     const Config& c = GetParam();
     const LayerSpec specs[] = {{"", c.top_cluster, c.top_xl2},
@@ -111,6 +112,22 @@ class LiveJobTest : public ::testing::TestWithParam<Config> {
           std::vector<uint8_t> buf(len);
           testing::FillPseudoRandom(rng(), absl::MakeSpan(buf));
           ASSERT_OK(img->Write(off, buf));
+          model_.Write(off, buf);
+        }
+      }
+      // Compressed clusters in the standard-L2 layers below the top: the
+      // jobs read them through the chain (decompressed after the read).
+      if (!raw && depth > 0 && !specs[depth].xl2) {
+        const uint32_t cluster = specs[depth].cluster;
+        std::vector<uint8_t> buf(cluster);
+        for (int i = 0; i < 6; ++i) {
+          // Compressible: runs of one byte.
+          const uint8_t fill = static_cast<uint8_t>(rng());
+          for (uint32_t j = 0; j < cluster; ++j) {
+            buf[j] = static_cast<uint8_t>(fill + j / 512);
+          }
+          const uint64_t off = cluster * (rng() % (kDisk / cluster));
+          ASSERT_OK(img->WriteCompressed(off, buf));
           model_.Write(off, buf);
         }
       }
