@@ -190,6 +190,11 @@ absl::Status Image::LiveCommit(int base, const LiveJobOptions& opts) {
   absl::Cleanup end = [this] { engine_->EndLiveJob(); };
   const std::vector<LayerInfo> chain = engine_->GetChainInfo();
   if (base >= static_cast<int>(chain.size())) {
+    if (chain.size() < 3) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          chain[0].filename, ": live commit needs a layer between the top "
+          "and the base, and the chain has ", chain.size(), " images"));
+    }
     return absl::InvalidArgumentError(absl::StrCat(
         chain[0].filename, ": live commit needs a base below the top's "
         "backing file (depth 2 to ", chain.size() - 1, "), not depth ",
