@@ -7,6 +7,7 @@ set(QCOW2_LIB_SOURCES
   ${PROJECT_SOURCE_DIR}/lib/api/c.cc
   ${PROJECT_SOURCE_DIR}/lib/api/create.cc
   ${PROJECT_SOURCE_DIR}/lib/api/image.cc
+  ${PROJECT_SOURCE_DIR}/lib/api/live.cc
   ${PROJECT_SOURCE_DIR}/lib/api/queue.cc
   ${PROJECT_SOURCE_DIR}/lib/api/version.cc
   ${PROJECT_SOURCE_DIR}/lib/base/events.cc
@@ -14,6 +15,7 @@ set(QCOW2_LIB_SOURCES
   ${PROJECT_SOURCE_DIR}/lib/base/stats.cc
   ${PROJECT_SOURCE_DIR}/lib/chain/backing_map.cc
   ${PROJECT_SOURCE_DIR}/lib/chain/chain.cc
+  ${PROJECT_SOURCE_DIR}/lib/chain/chain_live.cc
   ${PROJECT_SOURCE_DIR}/lib/chain/chain_write.cc
   ${PROJECT_SOURCE_DIR}/lib/chain/probe_guard.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/amend.cc
@@ -42,6 +44,7 @@ set(QCOW2_LIB_SOURCES
   ${PROJECT_SOURCE_DIR}/lib/engine/engine.cc
   ${PROJECT_SOURCE_DIR}/lib/engine/engine_compressed.cc
   ${PROJECT_SOURCE_DIR}/lib/engine/engine_fill.cc
+  ${PROJECT_SOURCE_DIR}/lib/engine/engine_live.cc
   ${PROJECT_SOURCE_DIR}/lib/engine/engine_ops.cc
   ${PROJECT_SOURCE_DIR}/lib/engine/engine_snapshots.cc
   ${PROJECT_SOURCE_DIR}/lib/engine/engine_plan.cc

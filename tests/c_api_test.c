@@ -5,7 +5,8 @@
  * eventfd in an epoll loop, block status, counters, and the error paths
  * (missing file, bad option strings, writing a read-only image, a full
  * queue). Then `qemu-img check` must pass on both files and `qemu-img
- * convert -O raw` must give the bytes the test expects.
+ * convert -O raw` must give the bytes the test expects. Last, live commit
+ * and live stream (cancelled, refused, done) on a chain of their own.
  *
  *   c_api_test DIR      (DIR: an empty scratch directory)
  * Exit 0: pass, 1: fail, 77: qemu-img missing (skipped). */
@@ -386,6 +387,75 @@ static void test_chain(void) {
   qcow2_image_destroy(raw);
 }
 
+static void count_progress(void* data, uint64_t done, uint64_t total) {
+  uint64_t* calls = data;
+  CHECK(done <= total && total == SIZE);
+  ++*calls;
+}
+
+/* Live commit and stream on a chain of four files of their own (l0 at the
+ * bottom, l3 the top), each written while it was the top: cancelled, then
+ * committed down to l0, then streamed whole into the top. */
+static void test_live(void) {
+  char* err = NULL;
+  char path[4][4200];
+  uint8_t* want = calloc(SIZE, 1);
+  uint8_t* got = malloc(SIZE);
+  static uint8_t buf[300000];
+  qcow2_image_t* img = NULL;
+  for (int i = 0; i < 4; ++i) {
+    snprintf(path[i], sizeof path[i], "%s/l%d.qcow2", dir_path, i);
+    char backing[16];
+    snprintf(backing, sizeof backing, "l%d.qcow2", i - 1);
+    CHECK_OK(qcow2_image_create(path[i], i == 0 ? NULL : backing, SIZE,
+                                i == 0 ? "" : "backing_fmt=qcow2", &err),
+             err);
+    img = qcow2_image_open(path[i], 1, &err);
+    CHECK_OK(img == NULL, err);
+    if (img == NULL) break;
+    const uint64_t at = (uint64_t)i * 700000 + 12345;
+    for (size_t j = 0; j < sizeof buf; ++j) buf[j] = pattern(j, 60 + i);
+    CHECK_OK(qcow2_image_write(img, at, buf, sizeof buf, &err), err);
+    memcpy(want + at, buf, sizeof buf);
+    if (i < 3) CHECK_OK(qcow2_image_close(img, &err), err);
+  }
+  if (img != NULL) {
+    CHECK(qcow2_image_chain_length(img) == 4);
+    qcow2_live_control_t* control = qcow2_live_control_create();
+    CHECK(control != NULL);
+    qcow2_live_options_t opts;
+    memset(&opts, 0, sizeof opts);
+    opts.size = sizeof opts;
+    opts.chunk = 256 * 1024;
+    opts.control = control;
+    qcow2_live_control_cancel(control);
+    EXPECT_ERROR(qcow2_image_live_stream(img, 4, &opts, &err), -ECANCELED,
+                 err, "cancelled");
+    CHECK(qcow2_image_chain_length(img) == 4);
+    EXPECT_ERROR(qcow2_image_live_commit(img, 1, NULL, &err), -ENOTSUP, err,
+                 "active layer");
+    uint64_t calls = 0;
+    opts.control = NULL;
+    opts.progress = count_progress;
+    opts.progress_data = &calls;
+    CHECK_OK(qcow2_image_live_commit(img, 3, &opts, &err), err);
+    CHECK(calls > 0);
+    CHECK(qcow2_image_chain_length(img) == 2);
+    CHECK_OK(qcow2_image_live_stream(img, 2, NULL, &err), err);
+    CHECK(qcow2_image_chain_length(img) == 1);
+    CHECK_OK(qcow2_image_read(img, 0, got, SIZE, &err), err);
+    CHECK(memcmp(got, want, SIZE) == 0);
+    CHECK_OK(qcow2_image_close(img, &err), err);
+    qcow2_live_control_destroy(control);
+  }
+  char cmd[20000];
+  snprintf(cmd, sizeof cmd, "qemu-img check -q '%s' && qemu-img check -q '%s'",
+           path[3], path[0]);
+  CHECK(system(cmd) == 0);
+  free(want);
+  free(got);
+}
+
 static int qemu_agrees(void) {
   char cmd[16384];
   snprintf(cmd, sizeof cmd, "qemu-img check -q '%s' && qemu-img check -q '%s'",
@@ -443,6 +513,7 @@ int main(int argc, char** argv) {
   test_chain();
   test_errors();
   CHECK(qemu_agrees());
+  test_live();
   free(model);
   if (failures != 0) {
     fprintf(stderr, "c_api_test: %d failure(s)\n", failures);

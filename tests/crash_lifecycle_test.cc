@@ -20,6 +20,7 @@
 #include "lib/ops/lifecycle.h"
 #include "qcow2/image.h"
 #include "testing/fault_file.h"
+#include "tests/util/power_cut_sweep.h"
 #include "tests/util/test_util.h"
 
 namespace qcow2 {
@@ -228,12 +229,7 @@ class CrashLifecycleTest : public ::testing::TestWithParam<Config> {
             << "\n" << r.out << r.err;
       }
     }
-    ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> got, ReadTop());
-    ASSERT_TRUE(got == model_) << where << ": the top reads other contents";
-    if (with_qemu) {
-      ASSERT_OK_AND_ASSIGN(auto q, testing::QemuReadAll(RealFile("top")));
-      ASSERT_TRUE(q == model_) << where << ": qemu-img reads other contents";
-    }
+    testing::ExpectTopReads(where, ReadTop(), RealFile("top"), with_qemu, model_);
   }
 
   testing::TempDir dir_;
@@ -255,33 +251,12 @@ TEST_P(CrashLifecycleTest, PowerCutAtEveryStep) {
     ASSERT_EQ(r.exit_code, 0) << f << ": without a cut no leak either\n"
                               << r.out << r.err;
   }
-  std::mt19937 rng(7);
-  const uint64_t stride = total > 120 ? total / 60 : 1;
-  int cuts = 0;
-  for (uint64_t cut = 1; cut <= total; ++cut) {
-    if (cut % stride != 0 && cut > 10 && cut + 10 < total) continue;
-    static const char* const kVariants[] = {
-        "all dropped", "random half kept", "only the newest write kept"};
-    for (int variant = 0; variant < 3; ++variant) {
-      const std::string where = absl::StrCat(Name(GetParam()), " cut at op ",
-                                             cut, " of ", total, ", ",
-                                             kVariants[variant]);
-      auto [n, s] = RunOp(cut);
-      EXPECT_FALSE(s.ok()) << where << ": the operation did not notice";
-      size_t pending = 0;
-      for (auto& d : disks_) {
-        if (variant < 2) {
-          d->PowerCut(variant ? &rng : nullptr);
-        } else {
-          pending += d->PowerCutKeepingNewest();
-        }
-      }
-      if (variant == 2 && pending < 2) continue;
-      ++cuts;
-      ASSERT_NO_FATAL_FAILURE(
-          CheckSurvivor(where, variant == 0 || cut % 4 == 0));
-    }
-  }
+  const int cuts = testing::SweepPowerCuts(
+      Name(GetParam()), total, disks_,
+      [this](uint64_t cut) { return RunOp(cut).second; },
+      [this](const std::string& where, bool with_qemu) {
+        CheckSurvivor(where, with_qemu);
+      });
   printf("[power-cut] %s: %d cut points over %llu file operations\n",
          Name(GetParam()).c_str(), cuts,
          static_cast<unsigned long long>(total));

@@ -21,6 +21,7 @@
  *   -ENOTSUP  a feature the library does not implement
  *   -EBUSY    the image is locked by another process (QEMU's locks)
  *   -EAGAIN   queue full (qcow2_queue_* submits): poll, then submit again
+ *   -ECANCELED a live stream or commit was cancelled
  * The message is what to show; the errno is what to branch on.
  *
  * Threading. qcow2_image_t calls may be made from any number of threads at
@@ -277,6 +278,49 @@ QCOW2_EXPORT int qcow2_queue_wait(qcow2_queue_t* q, qcow2_completion_t* out,
 
 /* Requests submitted whose completion was not yet returned by poll. */
 QCOW2_EXPORT int qcow2_queue_in_flight(const qcow2_queue_t* q);
+
+/* ---- live stream and commit ------------------------------------------ */
+
+/* Image::LiveStream and Image::LiveCommit (qcow2/live.h, and
+ * docs/embedding.md): the chain shortened while queues on other threads
+ * keep reading and writing the image. Each call blocks its thread until
+ * the job ends. */
+
+/* Cancels a running job from any thread: the job returns -ECANCELED at
+ * its next chunk, the chain as it was. Opaque. */
+typedef struct qcow2_live_control_t qcow2_live_control_t;
+QCOW2_EXPORT qcow2_live_control_t* qcow2_live_control_create(void);
+QCOW2_EXPORT void qcow2_live_control_cancel(qcow2_live_control_t* c);
+/* NULL is a no-op. Not while a job uses it. */
+QCOW2_EXPORT void qcow2_live_control_destroy(qcow2_live_control_t* c);
+
+/* Called on the job's threads, one call at a time: bytes of the disk
+ * done, and in all. */
+typedef void (*qcow2_live_progress_fn)(void* user_data, uint64_t done,
+                                       uint64_t total);
+
+typedef struct qcow2_live_options_t {
+  size_t size;          /* in: sizeof(qcow2_live_options_t) */
+  uint64_t chunk;       /* bytes per chunk (512 multiple); 0: 1 MiB */
+  int depth;            /* chunks in flight (threads); 0: 2 */
+  uint64_t rate_limit;  /* bytes per second; 0: no limit */
+  qcow2_live_progress_fn progress;  /* may be NULL */
+  void* progress_data;
+  qcow2_live_control_t* control;    /* may be NULL */
+} qcow2_live_options_t;
+
+/* Pulls into the top what layers 1..base-1 allocate (and the top does
+ * not); the layer at depth `base` becomes the top's backing file, or none
+ * when `base` is the chain length. `opts` may be NULL (defaults). */
+QCOW2_EXPORT int qcow2_image_live_stream(qcow2_image_t* img, int base,
+                                         const qcow2_live_options_t* opts,
+                                         char** errptr);
+/* Writes what layers 1..base-1 allocate into the layer at depth `base`
+ * (2 <= base < chain length), which becomes the top's backing file.
+ * -ENOTSUP for base 1 (committing the active top is not supported). */
+QCOW2_EXPORT int qcow2_image_live_commit(qcow2_image_t* img, int base,
+                                         const qcow2_live_options_t* opts,
+                                         char** errptr);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -29,6 +29,7 @@
 #include "absl/types/span.h"
 #include "qcow2/export.h"
 #include "qcow2/file.h"
+#include "qcow2/live.h"
 #include "qcow2/options.h"
 #include "qcow2/queue.h"
 #include "qcow2/stats.h"
@@ -265,6 +266,39 @@ class QCOW2_EXPORT Image {
   // REQUIRES: writable(); no requests in flight (as Resize).
   absl::Status ChangeBackingFile(const std::string& name,
                                  const std::string& format);
+
+  // --- Live chain operations (qcow2/live.h): they run beside requests in
+  // flight on any Queue and synchronous calls on other threads, block the
+  // calling thread until done, and end by switching the open chain (and
+  // the top's backing name on disk) to the shorter one. `base` is a depth
+  // in GetChainInfo(). One job at a time per image; while it runs,
+  // CreateOverlay, Resize and ChangeBackingFile fail with
+  // kFailedPrecondition. Cancelled (LiveJobOptions::control): kCancelled,
+  // the chain as it was. Errors: kUnimplemented for a raw top;
+  // kInvalidArgument for a base not in the chain or bad options;
+  // kFailedPrecondition for a read-only or closed image, or another job.
+  // Guest writes are never lost nor reordered: see docs/embedding.md.
+
+  // QEMU's block-stream: copies into the top every range that the top
+  // does not allocate and a layer at depth 1..base-1 does (a chunk at a
+  // time, its clusters held against guest requests meanwhile, so a guest
+  // write either lands first and is kept, or after and wins), then makes
+  // the layer at depth `base` the top's backing file (its name as the
+  // layer above stored it when the top shares that directory, else its
+  // absolute path), or none when base == chain_length(); layers 1..base-1
+  // leave the chain (their files stay open, unlocked, until the Image is
+  // destroyed). base == 1 changes nothing.
+  absl::Status LiveStream(int base, const LiveJobOptions& opts = {});
+
+  // QEMU's block-commit of the layers under the active top: copies every
+  // range that a layer at depth 1..base-1 allocates into the layer at
+  // depth `base` (write-locked meanwhile; 2 <= base < chain_length()),
+  // reading through the chain (the top's own writes stay in the top),
+  // then flushes the base, makes it the top's backing file and drops
+  // layers 1..base-1 from the chain. Committing the top itself (base 1,
+  // QEMU's mirror-based active commit) is not supported: kUnimplemented.
+  // kUnimplemented too for a base smaller than the disk.
+  absl::Status LiveCommit(int base, const LiveJobOptions& opts = {});
 
  private:
   explicit Image(std::unique_ptr<internal::Engine> engine);

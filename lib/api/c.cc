@@ -13,6 +13,7 @@
 #include <cstring>
 #include <deque>
 #include <memory>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -35,6 +36,10 @@ struct qcow2_queue_t {
   // Completions whose callback ran but that poll has not returned yet.
   std::deque<qcow2_completion_t> ready;
   int event_fd = -1;  // the queue's notifier, once asked for
+};
+
+struct qcow2_live_control_t {
+  qcow2::LiveJobControl control;
 };
 
 namespace {
@@ -287,6 +292,39 @@ bool NullArg(const void* p, const char* what, char** errptr) {
   if (p != nullptr) return false;
   Invalid(errptr, absl::StrCat(what, " is NULL"));
   return true;
+}
+
+// The live job options of a C caller (`in` may be NULL: the defaults;
+// only the fields inside in->size are read; zeros keep the defaults).
+int LiveOptions(const qcow2_live_options_t* in, qcow2::LiveJobOptions* out,
+                char** errptr) {
+  if (in == nullptr) return 0;
+  if (int rc = CheckSize(in, "live job options", errptr); rc != 0) return rc;
+  qcow2_live_options_t o;
+  std::memset(&o, 0, sizeof o);
+  std::memcpy(&o, in, std::min(in->size, sizeof o));
+  if (o.chunk != 0) out->chunk = o.chunk;
+  if (o.depth != 0) out->depth = o.depth;
+  out->rate_limit = o.rate_limit;
+  if (o.progress != nullptr) {
+    out->progress = [fn = o.progress, data = o.progress_data](
+                        uint64_t done, uint64_t total) {
+      fn(data, done, total);
+    };
+  }
+  if (o.control != nullptr) out->control = &o.control->control;
+  return 0;
+}
+
+// Runs one of Image's live jobs for a C caller.
+int RunLiveJob(absl::Status (qcow2::Image::*job)(int,
+                                                 const qcow2::LiveJobOptions&),
+               qcow2_image_t* img, int base, const qcow2_live_options_t* opts,
+               char** errptr) {
+  if (NullArg(img, "image", errptr)) return -EINVAL;
+  qcow2::LiveJobOptions o;
+  if (int rc = LiveOptions(opts, &o, errptr); rc != 0) return rc;
+  return Report((img->image.get()->*job)(base, o), errptr);
 }
 
 // The callback of a C submit: queues the completion for poll.
@@ -601,6 +639,26 @@ int qcow2_queue_wait(qcow2_queue_t* q, qcow2_completion_t* out, int max,
 int qcow2_queue_in_flight(const qcow2_queue_t* q) {
   if (q == nullptr) return 0;
   return q->queue->in_flight() + static_cast<int>(q->ready.size());
+}
+
+qcow2_live_control_t* qcow2_live_control_create(void) {
+  return new (std::nothrow) qcow2_live_control_t;
+}
+
+void qcow2_live_control_cancel(qcow2_live_control_t* c) {
+  if (c != nullptr) c->control.Cancel();
+}
+
+void qcow2_live_control_destroy(qcow2_live_control_t* c) { delete c; }
+
+int qcow2_image_live_stream(qcow2_image_t* img, int base,
+                            const qcow2_live_options_t* opts, char** errptr) {
+  return RunLiveJob(&qcow2::Image::LiveStream, img, base, opts, errptr);
+}
+
+int qcow2_image_live_commit(qcow2_image_t* img, int base,
+                            const qcow2_live_options_t* opts, char** errptr) {
+  return RunLiveJob(&qcow2::Image::LiveCommit, img, base, opts, errptr);
 }
 
 }  // extern "C"

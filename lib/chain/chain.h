@@ -23,6 +23,10 @@ class WriteBackFile;
 absl::StatusOr<std::string> ResolveBackingName(const std::string& image_name,
                                                const std::string& backing);
 
+// The descriptor that holds an image file's locks (a PosixFile's, under the
+// library's own wrappers), or -1: an embedder's File holds none of ours.
+int LockFd(File* file);
+
 // Opens one file as a layer of the given format ("qcow2", "raw", or ""
 // to probe).
 absl::StatusOr<std::unique_ptr<Layer>> OpenLayer(std::unique_ptr<File> file,
@@ -46,6 +50,7 @@ class Chain {
   const std::string& filename() const { return layers_[0]->filename(); }
   bool writable() const { return writable_; }
   bool closed() const { return closed_; }
+  const OpenOptions& options() const { return opts_; }
   // The top layer if it is qcow2, else null.
   Qcow2Layer* top_qcow2() { return layers_[0]->AsQcow2(); }
   // The top's metadata write-back file, if it is a writable qcow2 layer.
@@ -81,6 +86,36 @@ class Chain {
   absl::Status CreateOverlay(const std::string& path,
                              const CreateOptions& opts);
 
+  // --- Live stream and commit (chain_live.cc; lib/engine/engine_live.cc).
+  // Whether a layer at depth 1 .. below-1 allocates guest bytes at
+  // `offset` (data or zeros; a range past a layer's end counts, as it
+  // reads as zeros): sets *allocated and returns how far from `offset`
+  // (at most max_len) that answer holds.
+  absl::StatusOr<uint64_t> AllocatedAbove(int below, uint64_t offset,
+                                          uint64_t max_len, bool* allocated);
+  // Layer `depth` (below the top) is about to be written by a writer of
+  // its own (a live commit's, over a descriptor that takes no locks): its
+  // descriptor here takes QEMU's write lock, as a read-write open would
+  // (none when OpenOptions::lock is off or the file is not ours). On
+  // failure the read locks are taken back.
+  absl::Status LockForWrite(int depth);
+  // Lowers the locks LockForWrite took back to a backing file's.
+  void UnlockForWrite(int depth);
+  // Layer `depth` opened afresh, read-only, by the path it was opened by,
+  // after its file's locks are lowered back to a backing file's.
+  absl::StatusOr<std::unique_ptr<Layer>> Reopen(int depth);
+  // The name the top should store for layer `depth` as its backing file
+  // ("" past the bottom), and that layer's format.
+  std::string BackingNameFor(int depth) const;
+  std::string FormatOf(int depth);
+  // The switch: layers 1..last leave the chain (`replacement`, if any,
+  // takes their place: layer `last` opened afresh), the backing map is
+  // dropped and the top reads the new layers for copy-on-write. The layers
+  // that leave lose their image locks but stay open until the chain is
+  // destroyed: I/O planned against them may still be in flight (a flush's
+  // fill, a block-status read), and it reads what it would read now.
+  void DropLayers(int last, std::unique_ptr<Layer> replacement);
+
  private:
   Chain() = default;
   // Lets the top layer read the layers below for copy-on-write.
@@ -105,6 +140,8 @@ class Chain {
   uint64_t resolve_window_ = kMaxResolveWindow;
 
   std::vector<std::unique_ptr<Layer>> layers_;  // [0] is the top
+  // Layers a live stream or commit took out of the chain (DropLayers).
+  std::vector<std::unique_ptr<Layer>> retired_;
   std::vector<std::string> resolved_backing_;   // per layer, "" if none
   // Resolutions of layers_[1..]: used once there are two or more of them.
   BackingMap backing_map_;

@@ -69,18 +69,12 @@ absl::Status Chain::Resize(uint64_t new_size) {
   return top->flusher().Grow(new_size);
 }
 
-namespace {
-
-// The descriptor that holds an image file's locks (a PosixFile's, under the
-// library's own wrappers), or -1: an embedder's File holds none of ours.
 int LockFd(File* file) {
   file = Unwrapped(file);
   if (File* inner = GuardedFile(file)) file = Unwrapped(inner);
   auto* posix = dynamic_cast<PosixFile*>(file);
   return posix != nullptr ? posix->fd() : -1;
 }
-
-}  // namespace
 
 absl::Status Chain::Close() {
   if (closed_) return absl::OkStatus();

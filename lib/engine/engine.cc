@@ -62,6 +62,12 @@ bool Engine::Begin(Request* r, absl::Status* rejected) {
     return true;
   }
   StatsScope scope(&r->stats);
+  if (r->lock.preheld) {
+    locks_.SetRange(r, /*fine=*/false);
+    r->lock.granted = true;
+    PlanLocked(r);
+    return true;
+  }
   // Read-only chains never change: reads need no ordering.
   if (r->is_flush() || r->len == 0 || !writable_) {
     PlanLocked(r);
@@ -240,6 +246,7 @@ absl::Status Engine::CreateOverlay(const std::string& path,
                                    const CreateOptions& opts) {
   CountedCall counted(&stats_);
   EngineLock lock(&mu_);
+  RETURN_IF_ERROR(RefuseDuringLiveJob("a new overlay"));
   RETURN_IF_ERROR(chain_->CreateOverlay(path, opts));
   // The new top's clusters may differ: no request holds a range now (a
   // caller of this must have none in flight).

@@ -22,6 +22,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "lib/base/io_context.h"
 #include "lib/base/mutex.h"
 #include "lib/chain/chain.h"
@@ -138,6 +139,59 @@ class Engine {
   int length() const ABSL_LOCKS_EXCLUDED(mu_);
   bool writable() const { return writable_; }
 
+  // --- Live stream and commit (engine_live.cc), run by one job at a
+  // time beside any requests. While a job runs, the chain's layers 1..
+  // stay as they are: CreateOverlay, Resize and ChangeBackingFile refuse
+  // (kFailedPrecondition).
+  //
+  // Starts a job over the layers down to `base` (1 <= base <= length();
+  // base == length() is the whole chain): checks the chain is open,
+  // writable and its top qcow2, and that no other job runs. `what` names
+  // the job in errors.
+  absl::Status BeginLiveJob(const char* what, int base)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void EndLiveJob() ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether a layer at depth 1 .. below-1 allocates guest bytes at
+  // `offset`: Chain::AllocatedAbove, under the lock.
+  absl::StatusOr<uint64_t> AllocatedAbove(int below, uint64_t offset,
+                                          uint64_t max_len, bool* allocated)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Reads guest bytes through the chain from depth 1 (the layers under
+  // the top, which no request changes), planned under the lock and read
+  // with none held.
+  absl::Status ReadBelowTop(uint64_t offset, absl::Span<uint8_t> buf)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Live stream's copy-on-read of [offset, +len): holds the range
+  // cluster-wide in the range-lock table (after every earlier request
+  // that overlaps it, before every later one), finds what the top does
+  // not allocate and a layer at depth 1 .. below-1 does, reads it through
+  // the chain and writes it into the top as a guest write would (under
+  // the same hold, so no guest write can land between the read and the
+  // write), then lets the range go. Adds the bytes copied to *copied.
+  absl::Status Populate(uint64_t offset, uint64_t len, int below,
+                        uint64_t* copied) ABSL_LOCKS_EXCLUDED(mu_);
+  // A live commit's writer of layer `depth`: an engine of its own over
+  // that layer's file, opened again for writing (by the path the chain
+  // opened it by, through the chain's opener) with the chain's options
+  // and the layer's own backing chain, image locks off: the chain's
+  // descriptor takes the write lock for it (Chain::LockForWrite). The chain's read-only layer keeps
+  // its caches: they go stale only for ranges the layers above hide.
+  absl::StatusOr<std::unique_ptr<Engine>> OpenLayerWriter(int depth)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // After the writer is closed, when no switch follows (an error, a
+  // cancel): layer `depth`'s locks back to a backing file's.
+  void EndLayerWriter(int depth) ABSL_LOCKS_EXCLUDED(mu_);
+  // The switch that ends a live stream (reopen_last false: layers
+  // 1..last leave the chain, the top's backing is the layer below them)
+  // or a live commit (true: layers 1..last-1 leave and layer `last`, the
+  // base, is opened afresh). Holds the whole disk in the range-lock table
+  // (every request planned against the old layers has finished; later
+  // ones wait), flushes the top, rewrites its backing name and format in
+  // one header write (Qcow2Layer::header_writer), and swaps the layers
+  // in the same lock hold; then lets the queues go on.
+  absl::Status SwitchBacking(int last, bool reopen_last)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // Queues register here so that GetStats() can add up their counters.
   StatsRegistry& stats() { return stats_; }
 
@@ -155,6 +209,14 @@ class Engine {
   // Validate's checks, under the lock.
   absl::Status CheckLocked(const Request& r) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // kFailedPrecondition naming `what` while a live job runs.
+  absl::Status RefuseDuringLiveJob(const char* what) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes [offset, +len) cluster-wide in the range-lock table, blocking
+  // until it is granted (engine_live.cc). Released by ReleaseHold.
+  std::unique_ptr<Request> Hold(uint64_t offset, uint64_t len)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void ReleaseHold(Request* hold) ABSL_LOCKS_EXCLUDED(mu_);
 
   void PlanLocked(Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs `plan` for r with metadata misses deferred (MissDeferral) and,
@@ -209,6 +271,8 @@ class Engine {
   std::vector<Request*> fill_waiters_ ABSL_GUARDED_BY(mu_);
   // Group commit of flushes' metadata write-backs.
   FlushGroup flushes_ ABSL_GUARDED_BY(mu_);
+  // A live stream or commit runs (BeginLiveJob).
+  bool live_job_ ABSL_GUARDED_BY(mu_) = false;
   StatsRegistry stats_;
 };
 

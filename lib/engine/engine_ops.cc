@@ -111,6 +111,7 @@ absl::Status Engine::ResizePreallocated(uint64_t new_size,
                                        Preallocation prealloc) {
   CountedCall counted(&stats_);
   EngineLock lock(&mu_);
+  RETURN_IF_ERROR(RefuseDuringLiveJob("a resize"));
   const uint64_t rounded = (new_size + 511) & ~uint64_t{511};
   if (prealloc == Preallocation::kOff && rounded < chain_->size()) {
     return ShrinkLocked(rounded);
@@ -146,6 +147,7 @@ absl::Status Engine::ChangeBackingFile(const std::string& name,
                                        const std::string& format) {
   CountedCall counted(&stats_);
   EngineLock lock(&mu_);
+  RETURN_IF_ERROR(RefuseDuringLiveJob("a backing file change"));
   RETURN_IF_ERROR(chain_->CheckWritable());
   Qcow2Layer* top = chain_->top_qcow2();
   if (top == nullptr) {

@@ -60,6 +60,9 @@ struct RangeLock {
   // fit for a byte-range lock (nothing can have changed: no recheck).
   bool fine_just_checked = false;
   bool shared = false;
+  // The range is held already, cluster-wide, by a hold of its caller's
+  // (Engine::Populate): the request takes no place in the table.
+  bool preheld = false;
   bool granted = false;
   bool in_table = false;
   // Where the request sits in the table's list while in_table (removal

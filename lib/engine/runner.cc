@@ -1,9 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "lib/engine/runner.h"
 
-#include <condition_variable>
-#include <mutex>
-
 #include "lib/meta/write_back_file.h"
 
 namespace qcow2::internal {
@@ -132,7 +129,7 @@ namespace {
 
 // Carries out every op at once with blocking calls, and wakes the calling
 // thread when a wait for other requests ends.
-class SyncExecutor final : public Executor, public Waiter {
+class SyncExecutor final : public Executor, public BlockingWaiter {
  public:
   void Issue(Request* r, IoOp* op, OpType type) override {
     absl::Status s;
@@ -145,25 +142,21 @@ class SyncExecutor final : public Executor, public Waiter {
     if (!s.ok() && r->status.ok()) r->status = std::move(s);
   }
   void Done(Request*) override {}
-
-  void Wake(Request*) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    woken_ = true;
-    cv_.notify_one();
-  }
-  void Wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [this] { return woken_; });
-    woken_ = false;  // a request may wait more than once
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool woken_ = false;
 };
 
 }  // namespace
+
+void BlockingWaiter::Wake(Request*) {
+  std::lock_guard<std::mutex> lock(mu_);
+  woken_ = true;
+  cv_.notify_one();
+}
+
+void BlockingWaiter::Wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return woken_; });
+  woken_ = false;  // a request may wait more than once
+}
 
 absl::Status RunSync(Engine* engine, Request* r) {
   SyncExecutor x;

@@ -7,7 +7,9 @@
 #ifndef QCOW2_LIB_ENGINE_RUNNER_H_
 #define QCOW2_LIB_ENGINE_RUNNER_H_
 
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
 
 #include "absl/status/status.h"
 #include "lib/engine/engine.h"
@@ -27,6 +29,19 @@ class Executor {
   virtual void Issue(Request* r, IoOp* op, OpType type) = 0;
   // r is finished (Engine::Finish ran): its result is r->status.
   virtual void Done(Request* r) = 0;
+};
+
+// A Waiter the waiting thread blocks on: Wait() returns once Wake has
+// been called since the last Wait returned.
+class BlockingWaiter : public Waiter {
+ public:
+  void Wake(Request* r) override;
+  void Wait();
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool woken_ = false;
 };
 
 // Moves r from r->stage through its stages while none of its I/O is in
