@@ -310,7 +310,11 @@ TEST_F(NbdTest, ReadOnlyExportRefusesWrites) {
 // qemu-io's random writes, zero writes (with and without unmap) and
 // cluster-aligned discards through the export leave the chain equal to
 // the same commands run by qemu-io on a copy of it.
-TEST_F(NbdTest, QemuIoThroughExportEqualsQemuIoOnCopy) {
+// The server's three ways of running requests: synchronous calls (the
+// default through the page cache), a queue per nbdkit thread (--queue),
+// and queues over O_DIRECT files (--direct).
+void QemuIoThroughExport(const std::vector<std::string>& flags,
+                         const char* mode) {
   TempDir dir;
   TempDir copy_dir;
   const std::string top = BuildChain(dir);
@@ -332,7 +336,9 @@ TEST_F(NbdTest, QemuIoThroughExportEqualsQemuIoOnCopy) {
   ops.push_back(testing::QemuOp::Write(12 << 20, 100, 0x66));
   const std::vector<std::string> commands = testing::ToQemuIoCommands(ops);
 
-  Server server(dir, top);
+  std::vector<std::string> verbose = flags;
+  verbose.push_back("-v");  // nbdkit's debug lines name the mode
+  Server server(dir, top, verbose);
   ASSERT_TRUE(server.running()) << server.Log();
   ASSERT_OK(testing::QemuIo(server.uri(), commands, "raw"));
   ASSERT_OK(testing::QemuIo(copy, commands, "qcow2"));
@@ -340,10 +346,21 @@ TEST_F(NbdTest, QemuIoThroughExportEqualsQemuIoOnCopy) {
                              server.uri()});
   EXPECT_EQ(flush.exit_code, 0) << flush.err;
   EXPECT_EQ(server.Stop(), 0) << server.Log();
+  EXPECT_THAT(server.Log(), HasSubstr(mode));
 
   ExpectClean(top);
   CommandResult cmp = Cmd({"qemu-img", "compare", top, copy});
   EXPECT_EQ(cmp.exit_code, 0) << cmp.out << cmp.err;
+}
+
+TEST_F(NbdTest, QemuIoThroughExportEqualsQemuIoOnCopy) {
+  QemuIoThroughExport({}, "synchronous");
+}
+TEST_F(NbdTest, QemuIoThroughExportEqualsQemuIoOnCopyQueues) {
+  QemuIoThroughExport({"--queue"}, "one queue per thread");
+}
+TEST_F(NbdTest, QemuIoThroughExportEqualsQemuIoOnCopyDirect) {
+  QemuIoThroughExport({"--direct"}, "one queue per thread");
 }
 
 // nbdcopy out to a raw file equals the chain; nbdcopy back into a fresh
@@ -387,14 +404,10 @@ TEST_F(NbdTest, NbdcopyOutAndBack) {
 
 // fio's nbd engine, 16 jobs of random 4 KiB writes on their own ranges,
 // each verified with crc32c after it is written.
-TEST_F(NbdTest, Fio16JobsVerifyCrc32c) {
-  SKIP_WITHOUT("fio");
-  if (Cmd({"sh", "-c", "fio --enghelp | grep -qw nbd"}).exit_code != 0) {
-    GTEST_SKIP() << "this fio has no nbd engine";
-  }
+void Fio16JobsVerify(const std::vector<std::string>& flags) {
   TempDir dir;
   const std::string top = BuildChain(dir);
-  Server server(dir, top);
+  Server server(dir, top, flags);
   ASSERT_TRUE(server.running()) << server.Log();
   CommandResult fio = Cmd(
       {"fio", "--name=verify", "--ioengine=nbd", "--uri=" + server.uri(),
@@ -407,6 +420,26 @@ TEST_F(NbdTest, Fio16JobsVerifyCrc32c) {
   EXPECT_THAT(fio.err, ::testing::Not(HasSubstr("verify")));
   EXPECT_EQ(server.Stop(), 0) << server.Log();
   ExpectClean(top);
+}
+
+bool HaveFioNbd() {
+  return Cmd({"sh", "-c", "fio --enghelp | grep -qw nbd"}).exit_code == 0;
+}
+
+TEST_F(NbdTest, Fio16JobsVerifyCrc32c) {
+  SKIP_WITHOUT("fio");
+  if (!HaveFioNbd()) GTEST_SKIP() << "this fio has no nbd engine";
+  Fio16JobsVerify({});
+}
+TEST_F(NbdTest, Fio16JobsVerifyCrc32cQueues) {
+  SKIP_WITHOUT("fio");
+  if (!HaveFioNbd()) GTEST_SKIP() << "this fio has no nbd engine";
+  Fio16JobsVerify({"--queue"});
+}
+TEST_F(NbdTest, Fio16JobsVerifyCrc32cDirect) {
+  SKIP_WITHOUT("fio");
+  if (!HaveFioNbd()) GTEST_SKIP() << "this fio has no nbd engine";
+  Fio16JobsVerify({"--direct"});
 }
 
 // A client killed with SIGKILL in the middle of its writes leaves the

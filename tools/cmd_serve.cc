@@ -28,8 +28,8 @@ namespace {
 constexpr char kUsage[] =
     "usage: qcowtool serve [--socket PATH | --port N] [-f FMT] [-r] [-U]\n"
     "                      [--export-name NAME] [--shared N] [--threads N]\n"
-    "                      [--fork] [--pid-file FILE] [--sync] [--direct]\n"
-    "                      [--backing-root DIR] [-v] IMAGE\n"
+    "                      [--fork] [--pid-file FILE] [--sync|--queue]\n"
+    "                      [--direct] [--backing-root DIR] [-v] IMAGE\n"
     "\n"
     "Exports IMAGE and its backing chain over NBD: runs nbdkit with the\n"
     "libqcow2 plugin. Clients: qemu-img and qemu-io with\n"
@@ -53,8 +53,10 @@ constexpr char kUsage[] =
     "  --threads N     nbdkit worker threads per connection (default: 16)\n"
     "  --fork          go to the background once the socket listens\n"
     "  --pid-file FILE write the server's process id to FILE\n"
-    "  --sync          synchronous library calls instead of one io_uring\n"
-    "                  queue per worker thread\n"
+    "  --sync          synchronous library calls in nbdkit's worker threads\n"
+    "                  (the default without --direct)\n"
+    "  --queue         one io_uring queue per worker thread (the default\n"
+    "                  with --direct)\n"
     "  --direct        O_DIRECT for every file of the chain (bypass the\n"
     "                  host page cache, like qemu-nbd --cache=none)\n"
     "  -v, --verbose   print nbdkit's debug messages\n";
@@ -84,6 +86,7 @@ struct ServeArgs {
   bool fork = false;
   std::string pid_file;
   bool sync = false;
+  bool queue = false;
   bool direct = false;
   bool verbose = false;
   std::string backing_root;
@@ -100,7 +103,7 @@ bool ParseCount(const char* text, int min, int max) {
 int ParseArgs(int argc, char** argv, ServeArgs* args) {
   enum {
     kSocket = 256, kPort, kExportName, kShared, kThreads, kFork, kPidFile,
-    kSync, kDirect
+    kSync, kQueue, kDirect
   };
   static const option kOptions[] = {
       {"socket", required_argument, nullptr, kSocket},
@@ -113,6 +116,7 @@ int ParseArgs(int argc, char** argv, ServeArgs* args) {
       {"fork", no_argument, nullptr, kFork},
       {"pid-file", required_argument, nullptr, kPidFile},
       {"sync", no_argument, nullptr, kSync},
+      {"queue", no_argument, nullptr, kQueue},
       {"direct", no_argument, nullptr, kDirect},
       {"verbose", no_argument, nullptr, 'v'},
       {"force-share", no_argument, nullptr, 'U'},
@@ -171,6 +175,9 @@ int ParseArgs(int argc, char** argv, ServeArgs* args) {
       case kSync:
         args->sync = true;
         break;
+      case kQueue:
+        args->queue = true;
+        break;
       case kDirect:
         args->direct = true;
         break;
@@ -194,6 +201,9 @@ int ParseArgs(int argc, char** argv, ServeArgs* args) {
   args->image = argv[optind];
   if (!args->socket.empty() && !args->port.empty()) {
     return UsageError(Usage(), "--socket and --port exclude each other");
+  }
+  if (args->sync && args->queue) {
+    return UsageError(Usage(), "--sync and --queue exclude each other");
   }
   if (args->force_share && !args->read_only) {
     return UsageError(Usage(), "-U (--force-share) needs -r (--read-only)");
@@ -244,6 +254,7 @@ std::vector<std::string> NbdkitArgv(const ServeArgs& a) {
   if (a.read_only) argv.push_back("readonly=true");
   if (a.force_share) argv.push_back("force-share=true");
   if (a.sync) argv.push_back("queue=false");
+  if (a.queue) argv.push_back("queue=true");
   if (a.direct) argv.push_back("direct=true");
   if (!a.backing_root.empty()) argv.push_back("backing-root=" + a.backing_root);
   if (!a.export_name.empty()) argv.push_back("export=" + a.export_name);
