@@ -492,6 +492,7 @@ int RunConvert(int argc, char** argv) {
     if ((*out)->size() < source.size()) return ReportError(OutputSmaller());
     const LayerInfo top = (*out)->GetChainInfo()[0];
     copy.cluster_size = top.cluster_size;
+    copy.compression_type = top.compression_type;
     // With -n, only -B says so (qemu-img: the target's own backing file
     // is not looked at).
     copy.target_has_backing = args.no_create ? args.backing.has_value()

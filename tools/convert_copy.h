@@ -51,6 +51,7 @@ struct CopyOptions {
   // target's cluster size.
   bool compressed = false;
   uint64_t cluster_size = 65536;
+  CompressionType compression_type = CompressionType::kZlib;
   // -m and -W.
   int workers = 8;
   bool out_of_order = false;
