@@ -2,15 +2,20 @@
 #include "tools/convert_copy.h"
 
 #include <algorithm>
+#include <deque>
+#include <memory>
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <mutex>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "lib/format/compress.h"
+#include "qcow2/queue.h"
 
 namespace qcow2::tool {
 namespace {
@@ -22,9 +27,25 @@ constexpr uint64_t kChunkBytes = 2 << 20;
 // Bytes of a cluster compressed to guess whether all of it compresses.
 constexpr uint64_t kProbeBytes = 4096;
 
-const std::vector<uint8_t>& Zeros() {
-  static const auto* zeros = new std::vector<uint8_t>(kChunkBytes, 0);
-  return *zeros;
+// A chunk's buffer, aligned for O_DIRECT (-t none).
+struct FreeBuffer {
+  void operator()(uint8_t* p) const { std::free(p); }
+};
+using Buffer = std::unique_ptr<uint8_t[], FreeBuffer>;
+
+Buffer NewBuffer(uint64_t len) {
+  auto* p = static_cast<uint8_t*>(std::aligned_alloc(4096, len));
+  if (p == nullptr) throw std::bad_alloc();
+  return Buffer(p);
+}
+
+const uint8_t* Zeros() {
+  static const uint8_t* zeros = [] {
+    uint8_t* p = NewBuffer(kChunkBytes).release();
+    std::memset(p, 0, kChunkBytes);
+    return p;
+  }();
+  return zeros;
 }
 
 bool AllZero(const uint8_t* p, size_t len) {
@@ -90,15 +111,80 @@ absl::StatusOr<std::vector<Chunk>> PlanChunks(Image& source,
 // Largest power of two <= n (n > 0).
 uint64_t Pow2Floor(uint64_t n) { return uint64_t{1} << (63 - __builtin_clzll(n)); }
 
-class Copier {
- public:
-  Copier(Image& source, ConvertTarget& target, const CopyOptions& opts,
-         std::vector<Chunk> chunks)
+// What one part of a data chunk's write is: the chunk's bytes, or zeros.
+struct Piece {
+  uint64_t offset;
+  uint64_t len;
+  bool zero;
+};
+
+// qemu-img's sparse detection (is_allocated_sectors_min): zero runs of
+// at least -S bytes (a short chunk: its length), counted in units of
+// -S's power-of-two floor aligned to the disk, are zeros; the rest, and
+// shorter zero runs, data. With -S 0, the whole chunk is data.
+void SplitSparse(const Chunk& c, const uint8_t* data, uint64_t min_sparse,
+                 std::vector<Piece>* pieces) {
+  const uint64_t end = c.offset + c.len;
+  if (min_sparse == 0) {
+    pieces->push_back({c.offset, c.len, false});
+    return;
+  }
+  const uint64_t unit = Pow2Floor(min_sparse);
+  const uint64_t min = std::min(min_sparse, c.len);
+  uint64_t data_from = c.offset;  // start of the data not yet written
+  uint64_t pos = c.offset;
+  while (pos < end) {
+    // The zero run starting at pos, if any.
+    uint64_t run_end = pos;
+    while (run_end < end) {
+      const uint64_t u_end = std::min(end, (run_end / unit + 1) * unit);
+      if (!AllZero(data + (run_end - c.offset), u_end - run_end)) break;
+      run_end = u_end;
+    }
+    if (run_end - pos >= min) {
+      if (pos > data_from) pieces->push_back({data_from, pos - data_from, false});
+      pieces->push_back({pos, run_end - pos, true});
+      data_from = run_end;
+      pos = run_end;
+    } else {
+      pos = std::min(end, (std::max(run_end, pos + 1) / unit + 1) * unit);
+      if (run_end > pos) pos = run_end;
+    }
+  }
+  if (end > data_from) pieces->push_back({data_from, end - data_from, false});
+}
+
+// What both copy loops share: the plan, and the progress report.
+class CopyJob {
+ protected:
+  CopyJob(Image& source, const CopyOptions& opts, std::vector<Chunk> chunks)
       : source_(source),
-        target_(target),
         opts_(opts),
         chunks_(std::move(chunks)),
         size_(source.size()) {}
+
+  // A chunk of `len` bytes is done (one call at a time).
+  void Report(uint64_t len) const {
+    if (opts_.progress) {
+      opts_.progress(static_cast<float>(100.0 * static_cast<double>(len) /
+                                        static_cast<double>(size_)));
+    }
+  }
+
+  Image& source_;
+  const CopyOptions& opts_;
+  const std::vector<Chunk> chunks_;
+  const uint64_t size_;
+};
+
+// The copy on -m threads, each reading a chunk and writing it with the
+// target's synchronous calls: compressed copies (each thread compresses
+// its own), raw targets.
+class Copier : CopyJob {
+ public:
+  Copier(Image& source, ConvertTarget& target, const CopyOptions& opts,
+         std::vector<Chunk> chunks)
+      : CopyJob(source, opts, std::move(chunks)), target_(target) {}
 
   absl::Status Run() {
     const int n = std::max(1, opts_.workers);
@@ -200,10 +286,7 @@ class Copier {
         Slot(i + 1).notify_all();
       }
     }
-    if (s.ok() && opts_.progress) {
-      opts_.progress(static_cast<float>(100.0 * static_cast<double>(len) /
-                                        static_cast<double>(size_)));
-    }
+    if (s.ok()) Report(len);
   }
 
   absl::Status WriteChunk(const Chunk& c, const uint8_t* data, Store store) {
@@ -233,7 +316,6 @@ class Copier {
       if (store == Store::kPlain) return target_.Write(c.offset, whole);
       return target_.WriteCompressed(c.offset, whole);
     }
-    if (opts_.min_sparse == 0) return target_.Write(c.offset, whole);
     return WriteSparse(c, data);
   }
 
@@ -243,7 +325,7 @@ class Copier {
     if (opts_.min_sparse == 0) {
       for (uint64_t done = 0; done < len;) {
         const uint64_t n = std::min<uint64_t>(len - done, kChunkBytes);
-        const auto zeros = absl::MakeConstSpan(Zeros().data(), n);
+        const auto zeros = absl::MakeConstSpan(Zeros(), n);
         absl::Status s = opts_.compressed
                              ? target_.WriteCompressed(offset + done, zeros)
                              : target_.Write(offset + done, zeros);
@@ -256,54 +338,21 @@ class Copier {
     return target_.WriteZeroes(offset, len);
   }
 
-  // qemu-img's sparse detection (is_allocated_sectors_min): zero runs of
-  // at least -S bytes (a short chunk: its length), counted in units of
-  // -S's power-of-two floor aligned to the disk, are zeros; the rest, and
-  // shorter zero runs, data.
   absl::Status WriteSparse(const Chunk& c, const uint8_t* data) {
-    const uint64_t unit = Pow2Floor(opts_.min_sparse);
-    const uint64_t min = std::min(opts_.min_sparse, c.len);
-    const uint64_t end = c.offset + c.len;
-    uint64_t data_from = c.offset;  // start of the data not yet written
-    uint64_t pos = c.offset;
-    while (pos < end) {
-      // The zero run starting at pos, if any.
-      uint64_t run_end = pos;
-      while (run_end < end) {
-        const uint64_t u_end = std::min(end, (run_end / unit + 1) * unit);
-        if (!AllZero(data + (run_end - c.offset), u_end - run_end)) break;
-        run_end = u_end;
-      }
-      if (run_end - pos >= min) {
-        if (pos > data_from) {
-          absl::Status s = target_.Write(
-              data_from,
-              absl::MakeConstSpan(data + (data_from - c.offset),
-                                  pos - data_from));
-          if (!s.ok()) return s;
-        }
-        absl::Status s = Zero(pos, run_end - pos);
-        if (!s.ok()) return s;
-        data_from = run_end;
-        pos = run_end;
-      } else {
-        pos = std::min(end, (std::max(run_end, pos + 1) / unit + 1) * unit);
-        if (run_end > pos) pos = run_end;
-      }
-    }
-    if (end > data_from) {
-      return target_.Write(
-          data_from,
-          absl::MakeConstSpan(data + (data_from - c.offset), end - data_from));
+    std::vector<Piece> pieces;
+    SplitSparse(c, data, opts_.min_sparse, &pieces);
+    for (const Piece& p : pieces) {
+      absl::Status s =
+          p.zero ? Zero(p.offset, p.len)
+                 : target_.Write(p.offset,
+                                 absl::MakeConstSpan(data + (p.offset - c.offset),
+                                                     p.len));
+      if (!s.ok()) return s;
     }
     return absl::OkStatus();
   }
 
-  Image& source_;
   ConvertTarget& target_;
-  const CopyOptions& opts_;
-  const std::vector<Chunk> chunks_;
-  const uint64_t size_;
   std::atomic<size_t> next_{0};
   std::atomic<bool> failed_{false};
   std::mutex mu_;
@@ -311,6 +360,237 @@ class Copier {
   std::condition_variable slots_[kSlots];
   size_t turn_ = 0;     // guarded by mu_
   absl::Status error_;  // guarded by mu_ (read after the workers end)
+};
+
+// The copy through the asynchronous engine, for a plain (uncompressed)
+// copy into an image, on two threads: a reader with a queue on the source
+// keeps -m chunks in flight into their buffers and finds each chunk's
+// zero runs once it is read; the writer (the calling thread) submits the
+// chunks' writes to a queue on the target, in guest order (unless -W: in
+// the order the reads finished), with those of the chunks before still in
+// flight. Clusters are allocated in submission order, so that the
+// target's layout follows the guest's, as qemu-img's.
+class QueueCopier : CopyJob {
+ public:
+  QueueCopier(Image& source, Image& target, const CopyOptions& opts,
+              std::vector<Chunk> chunks)
+      : CopyJob(source, opts, std::move(chunks)),
+        target_(target),
+        slot_of_(chunks_.size(), -1) {}
+
+  absl::Status Run() {
+    absl::StatusOr<std::unique_ptr<Queue>> sq = source_.CreateQueue();
+    if (!sq.ok()) return sq.status();
+    absl::StatusOr<std::unique_ptr<Queue>> tq = target_.CreateQueue();
+    if (!tq.ok()) return tq.status();
+    tq_ = std::move(tq).value();
+    slots_.resize(static_cast<size_t>(std::max(1, opts_.workers)));
+    for (Slot& slot : slots_) {
+      slot.buf = NewBuffer(kChunkBytes);
+      free_.push_back(&slot);
+    }
+    std::thread reader([this, q = std::move(sq).value()]() mutable {
+      Read(*q);
+      q.reset();  // its requests finish first
+    });
+    Write();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    reader.join();
+    tq_.reset();
+    std::lock_guard<std::mutex> lock(mu_);
+    return error_;
+  }
+
+ private:
+  struct Slot {
+    Buffer buf;
+    size_t chunk = 0;
+    bool read = false;          // pieces are set (guarded by mu_)
+    std::vector<Piece> pieces;  // the writes
+    size_t submitted = 0;       // pieces submitted (writer only)
+    size_t pending = 0;         // submitted, not finished (writer only)
+  };
+
+  void Fail(absl::Status s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (error_.ok()) error_ = std::move(s);
+    cv_.notify_all();
+  }
+
+  static absl::Status Named(const char* what, uint64_t offset,
+                            const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat("error while ", what,
+                                               " at byte ", offset, ": ",
+                                               s.message()));
+  }
+
+  // The reader: a free slot takes the next chunk (a data chunk is read
+  // into it, the others are ready at once).
+  void Read(Queue& q) {
+    for (;;) {
+      std::vector<std::pair<Slot*, size_t>> start;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        auto can_start = [&] {
+          return !free_.empty() && next_read_ < chunks_.size();
+        };
+        if (q.in_flight() == 0) {
+          cv_.wait(lock, [&] {
+            return stop_ || !error_.ok() || can_start();
+          });
+        }
+        if (stop_ || !error_.ok()) return;
+        while (can_start()) {
+          Slot* slot = free_.back();
+          free_.pop_back();
+          slot->chunk = next_read_;
+          slot->read = false;
+          slot_of_[next_read_] = static_cast<int>(slot - slots_.data());
+          start.emplace_back(slot, next_read_++);
+        }
+      }
+      for (auto [slot, i] : start) {
+        const Chunk& c = chunks_[i];
+        if (c.kind != Kind::kData) {
+          Split(slot);
+          continue;
+        }
+        absl::Status s = q.SubmitRead(
+            c.offset, absl::MakeSpan(slot->buf.get(), c.len),
+            [this, slot](absl::Status st) {
+              if (!st.ok()) {
+                return Fail(Named("reading", chunks_[slot->chunk].offset, st));
+              }
+              Split(slot);
+            });
+        if (!s.ok()) return Fail(Named("reading", c.offset, s));
+      }
+      if (q.in_flight() > 0) q.Poll(start.empty() ? 1 : 0);
+    }
+  }
+
+  // On the reader: the chunk's writes, then ready for the writer.
+  void Split(Slot* slot) {
+    const Chunk& c = chunks_[slot->chunk];
+    slot->pieces.clear();
+    slot->submitted = 0;
+    slot->pending = 0;
+    if (c.kind == Kind::kData) {
+      SplitSparse(c, slot->buf.get(), opts_.min_sparse, &slot->pieces);
+    } else if (c.kind == Kind::kZero &&
+               (opts_.min_sparse == 0 || !opts_.zero_init)) {
+      slot->pieces.push_back({c.offset, c.len, true});
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    slot->read = true;
+    ready_.push_back(slot);
+    cv_.notify_all();
+  }
+
+  // The writer: chunks read are written, in guest order the next one
+  // (then the one after it, once all of its writes are submitted), with
+  // -W any.
+  void Write() {
+    Slot* current = nullptr;  // being submitted
+    for (;;) {
+      if (current == nullptr) {
+        std::unique_lock<std::mutex> lock(mu_);
+        auto next = [&]() -> Slot* {
+          if (opts_.out_of_order) {
+            return ready_.empty() ? nullptr : ready_.front();
+          }
+          if (next_write_ >= chunks_.size() || slot_of_[next_write_] < 0) {
+            return nullptr;
+          }
+          Slot* slot = &slots_[slot_of_[next_write_]];
+          return slot->read ? slot : nullptr;
+        };
+        auto done = [&] { return written_ == chunks_.size() || !error_.ok(); };
+        if (tq_->in_flight() == 0) {
+          cv_.wait(lock, [&] { return done() || next() != nullptr; });
+        }
+        if (done()) return;
+        current = next();
+        if (current != nullptr) {
+          if (opts_.out_of_order) {
+            ready_.pop_front();
+          } else {
+            ready_.clear();  // in order, slots are found by chunk
+            ++next_write_;
+          }
+        }
+      }
+      if (current != nullptr && Submit(current)) {
+        current = nullptr;
+        tq_->Poll(0);
+      } else {
+        tq_->Poll(1);
+      }
+    }
+  }
+
+  // Submits the slot's writes it can; true when all are.
+  bool Submit(Slot* slot) {
+    const Chunk& c = chunks_[slot->chunk];
+    while (slot->submitted < slot->pieces.size()) {
+      if (tq_->in_flight() >= tq_->depth()) return false;
+      const Piece& p = slot->pieces[slot->submitted];
+      const uint8_t* data =
+          p.zero ? Zeros() : slot->buf.get() + (p.offset - c.offset);
+      auto done = [this, slot, offset = p.offset](absl::Status st) {
+        if (!st.ok()) Fail(Named("writing", offset, st));
+        if (--slot->pending == 0 && slot->submitted == slot->pieces.size()) {
+          Release(slot);
+        }
+      };
+      // Zeros are data with -S 0 (a fully allocated target).
+      absl::Status s =
+          p.zero && opts_.min_sparse > 0
+              ? tq_->SubmitWriteZeroes(p.offset, p.len, /*unmap=*/true,
+                                       std::move(done))
+              : tq_->SubmitWrite(p.offset, absl::MakeConstSpan(data, p.len),
+                                 std::move(done));
+      if (!s.ok()) {
+        Fail(Named("writing", p.offset, s));
+        return true;
+      }
+      ++slot->submitted;
+      ++slot->pending;
+    }
+    if (slot->pending == 0) Release(slot);
+    return true;
+  }
+
+  void Release(Slot* slot) {
+    const Chunk& c = chunks_[slot->chunk];
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      slot_of_[slot->chunk] = -1;
+      free_.push_back(slot);
+      ++written_;
+      cv_.notify_all();
+    }
+    Report(c.len);
+  }
+
+  Image& target_;
+  std::unique_ptr<Queue> tq_;  // the writer's
+  std::vector<Slot> slots_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  // Guarded by mu_:
+  std::vector<int> slot_of_;  // chunk -> its slot while read or written
+  std::vector<Slot*> free_;
+  std::deque<Slot*> ready_;  // read, not yet taken by the writer
+  size_t next_read_ = 0;
+  size_t next_write_ = 0;
+  size_t written_ = 0;
+  bool stop_ = false;
+  absl::Status error_;
 };
 
 }  // namespace
@@ -322,8 +602,15 @@ absl::Status CopyImage(Image& source, ConvertTarget& target,
       source, opts, merge ? opts.cluster_size : kChunkBytes, merge);
   if (!chunks.ok()) return chunks.status();
   if (opts.progress) opts.progress(0);
-  Copier copier(source, target, opts, std::move(chunks).value());
-  absl::Status s = copier.Run();
+  absl::Status s;
+  if (target.image() != nullptr && !opts.compressed) {
+    QueueCopier copier(source, *target.image(), opts,
+                       std::move(chunks).value());
+    s = copier.Run();
+  } else {
+    Copier copier(source, target, opts, std::move(chunks).value());
+    s = copier.Run();
+  }
   absl::Status f = target.Finish();
   return s.ok() ? f : s;
 }
