@@ -25,7 +25,7 @@ namespace {
 constexpr uint64_t kChunkBytes = 2 << 20;
 
 // Bytes of a cluster compressed to guess whether all of it compresses.
-constexpr uint64_t kProbeBytes = 4096;
+constexpr uint64_t kProbeBytes = 2048;
 
 // A chunk's buffer, aligned for O_DIRECT (-t none).
 struct FreeBuffer {
@@ -239,20 +239,21 @@ class Copier : CopyJob {
     }
     const uint64_t cs = opts_.cluster_size;
     if (c.len < cs) std::memset(buf.data() + c.len, 0, cs - c.len);
-    // A cluster whose first 4 KiB compress to less than 7/8 is taken to
+    stream->resize(cs - 1);
+    // A cluster whose first 2 KiB compress to less than 7/8 is taken to
     // compress (the write finds out for sure, once): the whole test is
     // made only for likely misses, so that most clusters are compressed
     // once.
-    const uint64_t prefix = std::min<uint64_t>(cs, kProbeBytes);
-    stream->resize(cs - 1);
+    if (cs > kProbeBytes) {
+      absl::StatusOr<size_t> n = internal::CompressCluster(
+          opts_.compression_type, absl::MakeConstSpan(buf.data(), kProbeBytes),
+          absl::MakeSpan(stream->data(), kProbeBytes * 7 / 8));
+      if (!n.ok()) return n.status();
+      if (*n != 0) return absl::OkStatus();
+    }
     absl::StatusOr<size_t> n = internal::CompressCluster(
-        opts_.compression_type, absl::MakeConstSpan(buf.data(), prefix),
-        absl::MakeSpan(stream->data(), prefix * 7 / 8));
-    if (!n.ok()) return n.status();
-    if (*n != 0 && prefix < cs) return absl::OkStatus();
-    n = internal::CompressCluster(opts_.compression_type,
-                                  absl::MakeConstSpan(buf.data(), cs),
-                                  absl::MakeSpan(*stream));
+        opts_.compression_type, absl::MakeConstSpan(buf.data(), cs),
+        absl::MakeSpan(*stream));
     if (!n.ok()) return n.status();
     if (*n == 0) *store = Store::kPlain;
     return absl::OkStatus();
