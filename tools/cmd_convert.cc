@@ -287,7 +287,7 @@ class ImageTarget : public ConvertTarget {
     return image_->WriteCompressed(offset, data);
   }
   absl::Status Finish() override { return image_->Close(); }
-  Image* image() override { return image_.get(); }
+  Image& image() { return *image_; }
 
  private:
   std::unique_ptr<Image> image_;

@@ -2,20 +2,15 @@
 #include "tools/convert_copy.h"
 
 #include <algorithm>
-#include <deque>
-#include <memory>
 #include <atomic>
 #include <condition_variable>
-#include <cstdlib>
 #include <cstring>
-#include <new>
 #include <mutex>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "lib/format/compress.h"
-#include "qcow2/queue.h"
 
 namespace qcow2::tool {
 namespace {
@@ -27,25 +22,9 @@ constexpr uint64_t kChunkBytes = 2 << 20;
 // Bytes of a cluster compressed to guess whether all of it compresses.
 constexpr uint64_t kProbeBytes = 2048;
 
-// A chunk's buffer, aligned for O_DIRECT (-t none).
-struct FreeBuffer {
-  void operator()(uint8_t* p) const { std::free(p); }
-};
-using Buffer = std::unique_ptr<uint8_t[], FreeBuffer>;
-
-Buffer NewBuffer(uint64_t len) {
-  auto* p = static_cast<uint8_t*>(std::aligned_alloc(4096, len));
-  if (p == nullptr) throw std::bad_alloc();
-  return Buffer(p);
-}
-
-const uint8_t* Zeros() {
-  static const uint8_t* zeros = [] {
-    uint8_t* p = NewBuffer(kChunkBytes).release();
-    std::memset(p, 0, kChunkBytes);
-    return p;
-  }();
-  return zeros;
+const std::vector<uint8_t>& Zeros() {
+  static const auto* zeros = new std::vector<uint8_t>(kChunkBytes, 0);
+  return *zeros;
 }
 
 bool AllZero(const uint8_t* p, size_t len) {
@@ -177,17 +156,34 @@ class CopyJob {
   const uint64_t size_;
 };
 
-// The copy on -m threads, each reading a chunk and writing it with the
-// target's synchronous calls: compressed copies (each thread compresses
-// its own), raw targets.
+// The copy on -m threads, each reading chunks (and, compressing, finding
+// out which clusters do not compress), the chunks written with the
+// target's synchronous calls in guest order by whichever worker finds
+// the next one ready. With -W, a compressed copy has each worker write
+// (compress) its own chunks, at once; a plain one is written in guest
+// order all the same: it is as fast, and its clusters end up in order.
+// (A copy through queues, a reader thread and a writer thread, was
+// slower on this two-core machine under load: each hand-over waited for
+// the other thread to be scheduled; and with cache=unsafe the target's
+// queue makes its writes synchronously anyway.)
 class Copier : CopyJob {
  public:
   Copier(Image& source, ConvertTarget& target, const CopyOptions& opts,
          std::vector<Chunk> chunks)
-      : CopyJob(source, opts, std::move(chunks)), target_(target) {}
+      : CopyJob(source, opts, std::move(chunks)),
+        target_(target),
+        ordered_(!opts.out_of_order || !opts.compressed) {}
 
   absl::Status Run() {
     const int n = std::max(1, opts_.workers);
+    // In guest order, twice as many buffers as workers: a worker whose
+    // chunk waits for the ones before it goes on with another.
+    buffers_.resize(static_cast<size_t>(ordered_ ? 2 * n : n));
+    for (Buffer& b : buffers_) {
+      b.data.resize(opts_.compressed ? opts_.cluster_size : kChunkBytes);
+      free_.push_back(&b);
+    }
+    if (ordered_) waiting_.assign(chunks_.size(), nullptr);
     std::vector<std::thread> threads;
     for (int i = 0; i < n; ++i) threads.emplace_back([this] { Work(); });
     for (auto& t : threads) t.join();
@@ -195,34 +191,101 @@ class Copier : CopyJob {
   }
 
  private:
+  // How a data cluster is stored when compressing.
+  enum class Store { kCompressed, kPlain, kZeros };
+
+  struct Buffer {
+    std::vector<uint8_t> data;
+    size_t chunk = 0;
+    Store store = Store::kCompressed;
+    absl::Status status;  // of the read (and the compression probe)
+  };
+
   void Work() {
-    std::vector<uint8_t> buf(
-        opts_.compressed ? opts_.cluster_size : kChunkBytes);
     std::vector<uint8_t> stream;
     for (;;) {
+      Buffer* b = TakeBuffer();
+      if (b == nullptr) return;
       const size_t i = next_.fetch_add(1);
-      if (i >= chunks_.size() || failed_.load()) return;
+      if (i >= chunks_.size()) {
+        Finish(b, absl::OkStatus(), 0);
+        return;
+      }
       const Chunk& c = chunks_[i];
-      absl::Status s;
-      Store store = Store::kCompressed;
+      b->chunk = i;
+      b->store = Store::kCompressed;
+      b->status = absl::OkStatus();
       if (c.kind == Kind::kData) {
-        s = source_.Read(c.offset, absl::MakeSpan(buf.data(), c.len));
+        absl::Status s = source_.Read(c.offset, absl::MakeSpan(b->data.data(), c.len));
         if (!s.ok()) {
           s = absl::Status(s.code(), absl::StrCat("error while reading at byte ",
                                                   c.offset, ": ", s.message()));
         } else if (opts_.compressed && !opts_.out_of_order) {
-          s = Classify(c, buf, &stream, &store);
+          s = Classify(c, b->data, &stream, &b->store);
         }
+        b->status = std::move(s);
       }
-      if (!WaitTurn(i)) return;
-      if (s.ok()) s = WriteChunk(c, buf.data(), store);
-      EndTurn(i, s, c.len);
-      if (!s.ok()) return;
+      if (ordered_) {
+        WriteInOrder(b);
+      } else {
+        absl::Status s = b->status;
+        if (s.ok()) s = WriteChunk(c, b->data.data(), b->store);
+        Finish(b, s, c.len);
+      }
     }
   }
 
-  // How a data cluster is stored when compressing.
-  enum class Store { kCompressed, kPlain, kZeros };
+  // A free buffer; nullptr once a worker failed.
+  Buffer* TakeBuffer() {
+    std::unique_lock<std::mutex> lock(mu_);
+    free_cv_.wait(lock, [&] { return !free_.empty() || failed_; });
+    if (failed_) return nullptr;
+    Buffer* b = free_.back();
+    free_.pop_back();
+    return b;
+  }
+
+  // The buffer's chunk is written (or failed): the buffer is free again.
+  void Finish(Buffer* b, const absl::Status& s, uint64_t len) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Done(b, s, len);
+  }
+
+  void Done(Buffer* b, const absl::Status& s, uint64_t len) {
+    if (!s.ok() && error_.ok()) {
+      error_ = s;
+      failed_ = true;
+      free_cv_.notify_all();
+    }
+    if (s.ok() && len > 0) Report(len);
+    free_.push_back(b);
+    free_cv_.notify_one();
+  }
+
+  // In guest order: chunk i is written after chunk i - 1 (reads run
+  // ahead). Whichever worker finds the next chunk to write ready writes
+  // it, and the ones after it that are ready too, so that no write waits
+  // for a worker to be woken (the next chunk's worker, woken on the
+  // waker's core, waited there for it to compress a cluster: the
+  // compressing ran on one core at a time).
+  void WriteInOrder(Buffer* b) {
+    std::unique_lock<std::mutex> lock(mu_);
+    waiting_[b->chunk] = b;
+    if (writing_) return;
+    writing_ = true;
+    while (!failed_ && turn_ < chunks_.size() && waiting_[turn_] != nullptr) {
+      Buffer* w = waiting_[turn_];
+      waiting_[turn_] = nullptr;
+      const Chunk& c = chunks_[turn_];
+      lock.unlock();
+      absl::Status s = w->status;
+      if (s.ok()) s = WriteChunk(c, w->data.data(), w->store);
+      lock.lock();
+      Done(w, s, c.len);
+      ++turn_;
+    }
+    writing_ = false;
+  }
 
   // In guest order, the writes are one at a time, and so would be the
   // compression inside WriteCompressed: the worker finds out beforehand,
@@ -257,37 +320,6 @@ class Copier : CopyJob {
     if (!n.ok()) return n.status();
     if (*n == 0) *store = Store::kPlain;
     return absl::OkStatus();
-  }
-
-  // In guest order unless -W: chunk i is written after chunk i - 1's write
-  // finished (reads run ahead). False when another worker failed.
-  bool WaitTurn(size_t i) {
-    if (opts_.out_of_order) return !failed_.load();
-    std::unique_lock<std::mutex> lock(mu_);
-    Slot(i).wait(lock, [&] { return turn_ == i || failed_.load(); });
-    return !failed_.load();
-  }
-
-  // The worker with chunk i waits on its slot, so that the end of a turn
-  // wakes the next chunk's worker alone (a shared wake-up woke all of
-  // them for each chunk: 70,000 futex calls for 2,048 chunks).
-  std::condition_variable& Slot(size_t i) { return slots_[i % kSlots]; }
-
-  void EndTurn(size_t i, const absl::Status& s, uint64_t len) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!s.ok() && error_.ok()) {
-      error_ = s;
-      failed_.store(true);
-    }
-    if (!opts_.out_of_order) {
-      turn_ = i + 1;
-      if (failed_.load()) {
-        for (auto& slot : slots_) slot.notify_all();
-      } else {
-        Slot(i + 1).notify_all();
-      }
-    }
-    if (s.ok()) Report(len);
   }
 
   absl::Status WriteChunk(const Chunk& c, const uint8_t* data, Store store) {
@@ -326,7 +358,7 @@ class Copier : CopyJob {
     if (opts_.min_sparse == 0) {
       for (uint64_t done = 0; done < len;) {
         const uint64_t n = std::min<uint64_t>(len - done, kChunkBytes);
-        const auto zeros = absl::MakeConstSpan(Zeros(), n);
+        const auto zeros = absl::MakeConstSpan(Zeros().data(), n);
         absl::Status s = opts_.compressed
                              ? target_.WriteCompressed(offset + done, zeros)
                              : target_.Write(offset + done, zeros);
@@ -354,244 +386,18 @@ class Copier : CopyJob {
   }
 
   ConvertTarget& target_;
+  const bool ordered_;  // writes in guest order
   std::atomic<size_t> next_{0};
-  std::atomic<bool> failed_{false};
+  std::vector<Buffer> buffers_;
   std::mutex mu_;
-  static constexpr size_t kSlots = 32;  // more than the workers (-m 16)
-  std::condition_variable slots_[kSlots];
-  size_t turn_ = 0;     // guarded by mu_
-  absl::Status error_;  // guarded by mu_ (read after the workers end)
-};
-
-// The copy through the asynchronous engine, for a plain (uncompressed)
-// copy into an image, on two threads: a reader with a queue on the source
-// keeps -m chunks in flight into their buffers and finds each chunk's
-// zero runs once it is read; the writer (the calling thread) submits the
-// chunks' writes to a queue on the target, in guest order (unless -W: in
-// the order the reads finished), with those of the chunks before still in
-// flight. Clusters are allocated in submission order, so that the
-// target's layout follows the guest's, as qemu-img's.
-class QueueCopier : CopyJob {
- public:
-  QueueCopier(Image& source, Image& target, const CopyOptions& opts,
-              std::vector<Chunk> chunks)
-      : CopyJob(source, opts, std::move(chunks)),
-        target_(target),
-        slot_of_(chunks_.size(), -1) {}
-
-  absl::Status Run() {
-    absl::StatusOr<std::unique_ptr<Queue>> sq = source_.CreateQueue();
-    if (!sq.ok()) return sq.status();
-    absl::StatusOr<std::unique_ptr<Queue>> tq = target_.CreateQueue();
-    if (!tq.ok()) return tq.status();
-    tq_ = std::move(tq).value();
-    slots_.resize(static_cast<size_t>(std::max(1, opts_.workers)));
-    for (Slot& slot : slots_) {
-      slot.buf = NewBuffer(kChunkBytes);
-      free_.push_back(&slot);
-    }
-    std::thread reader([this, q = std::move(sq).value()]() mutable {
-      Read(*q);
-      q.reset();  // its requests finish first
-    });
-    Write();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    reader.join();
-    tq_.reset();
-    std::lock_guard<std::mutex> lock(mu_);
-    return error_;
-  }
-
- private:
-  struct Slot {
-    Buffer buf;
-    size_t chunk = 0;
-    bool read = false;          // pieces are set (guarded by mu_)
-    std::vector<Piece> pieces;  // the writes
-    size_t submitted = 0;       // pieces submitted (writer only)
-    size_t pending = 0;         // submitted, not finished (writer only)
-  };
-
-  void Fail(absl::Status s) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (error_.ok()) error_ = std::move(s);
-    cv_.notify_all();
-  }
-
-  static absl::Status Named(const char* what, uint64_t offset,
-                            const absl::Status& s) {
-    return absl::Status(s.code(), absl::StrCat("error while ", what,
-                                               " at byte ", offset, ": ",
-                                               s.message()));
-  }
-
-  // The reader: a free slot takes the next chunk (a data chunk is read
-  // into it, the others are ready at once).
-  void Read(Queue& q) {
-    for (;;) {
-      std::vector<std::pair<Slot*, size_t>> start;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        auto can_start = [&] {
-          return !free_.empty() && next_read_ < chunks_.size();
-        };
-        if (q.in_flight() == 0) {
-          cv_.wait(lock, [&] {
-            return stop_ || !error_.ok() || can_start();
-          });
-        }
-        if (stop_ || !error_.ok()) return;
-        while (can_start()) {
-          Slot* slot = free_.back();
-          free_.pop_back();
-          slot->chunk = next_read_;
-          slot->read = false;
-          slot_of_[next_read_] = static_cast<int>(slot - slots_.data());
-          start.emplace_back(slot, next_read_++);
-        }
-      }
-      for (auto [slot, i] : start) {
-        const Chunk& c = chunks_[i];
-        if (c.kind != Kind::kData) {
-          Split(slot);
-          continue;
-        }
-        absl::Status s = q.SubmitRead(
-            c.offset, absl::MakeSpan(slot->buf.get(), c.len),
-            [this, slot](absl::Status st) {
-              if (!st.ok()) {
-                return Fail(Named("reading", chunks_[slot->chunk].offset, st));
-              }
-              Split(slot);
-            });
-        if (!s.ok()) return Fail(Named("reading", c.offset, s));
-      }
-      if (q.in_flight() > 0) q.Poll(start.empty() ? 1 : 0);
-    }
-  }
-
-  // On the reader: the chunk's writes, then ready for the writer.
-  void Split(Slot* slot) {
-    const Chunk& c = chunks_[slot->chunk];
-    slot->pieces.clear();
-    slot->submitted = 0;
-    slot->pending = 0;
-    if (c.kind == Kind::kData) {
-      SplitSparse(c, slot->buf.get(), opts_.min_sparse, &slot->pieces);
-    } else if (c.kind == Kind::kZero &&
-               (opts_.min_sparse == 0 || !opts_.zero_init)) {
-      slot->pieces.push_back({c.offset, c.len, true});
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    slot->read = true;
-    ready_.push_back(slot);
-    cv_.notify_all();
-  }
-
-  // The writer: chunks read are written, in guest order the next one
-  // (then the one after it, once all of its writes are submitted), with
-  // -W any.
-  void Write() {
-    Slot* current = nullptr;  // being submitted
-    for (;;) {
-      if (current == nullptr) {
-        std::unique_lock<std::mutex> lock(mu_);
-        auto next = [&]() -> Slot* {
-          if (opts_.out_of_order) {
-            return ready_.empty() ? nullptr : ready_.front();
-          }
-          if (next_write_ >= chunks_.size() || slot_of_[next_write_] < 0) {
-            return nullptr;
-          }
-          Slot* slot = &slots_[slot_of_[next_write_]];
-          return slot->read ? slot : nullptr;
-        };
-        auto done = [&] { return written_ == chunks_.size() || !error_.ok(); };
-        if (tq_->in_flight() == 0) {
-          cv_.wait(lock, [&] { return done() || next() != nullptr; });
-        }
-        if (done()) return;
-        current = next();
-        if (current != nullptr) {
-          if (opts_.out_of_order) {
-            ready_.pop_front();
-          } else {
-            ready_.clear();  // in order, slots are found by chunk
-            ++next_write_;
-          }
-        }
-      }
-      if (current != nullptr && Submit(current)) {
-        current = nullptr;
-        tq_->Poll(0);
-      } else {
-        tq_->Poll(1);
-      }
-    }
-  }
-
-  // Submits the slot's writes it can; true when all are.
-  bool Submit(Slot* slot) {
-    const Chunk& c = chunks_[slot->chunk];
-    while (slot->submitted < slot->pieces.size()) {
-      if (tq_->in_flight() >= tq_->depth()) return false;
-      const Piece& p = slot->pieces[slot->submitted];
-      const uint8_t* data =
-          p.zero ? Zeros() : slot->buf.get() + (p.offset - c.offset);
-      auto done = [this, slot, offset = p.offset](absl::Status st) {
-        if (!st.ok()) Fail(Named("writing", offset, st));
-        if (--slot->pending == 0 && slot->submitted == slot->pieces.size()) {
-          Release(slot);
-        }
-      };
-      // Zeros are data with -S 0 (a fully allocated target).
-      absl::Status s =
-          p.zero && opts_.min_sparse > 0
-              ? tq_->SubmitWriteZeroes(p.offset, p.len, /*unmap=*/true,
-                                       std::move(done))
-              : tq_->SubmitWrite(p.offset, absl::MakeConstSpan(data, p.len),
-                                 std::move(done));
-      if (!s.ok()) {
-        Fail(Named("writing", p.offset, s));
-        return true;
-      }
-      ++slot->submitted;
-      ++slot->pending;
-    }
-    if (slot->pending == 0) Release(slot);
-    return true;
-  }
-
-  void Release(Slot* slot) {
-    const Chunk& c = chunks_[slot->chunk];
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      slot_of_[slot->chunk] = -1;
-      free_.push_back(slot);
-      ++written_;
-      cv_.notify_all();
-    }
-    Report(c.len);
-  }
-
-  Image& target_;
-  std::unique_ptr<Queue> tq_;  // the writer's
-  std::vector<Slot> slots_;
-  std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable free_cv_;
   // Guarded by mu_:
-  std::vector<int> slot_of_;  // chunk -> its slot while read or written
-  std::vector<Slot*> free_;
-  std::deque<Slot*> ready_;  // read, not yet taken by the writer
-  size_t next_read_ = 0;
-  size_t next_write_ = 0;
-  size_t written_ = 0;
-  bool stop_ = false;
-  absl::Status error_;
+  std::vector<Buffer*> free_;
+  std::vector<Buffer*> waiting_;  // in guest order: chunk -> read, unwritten
+  size_t turn_ = 0;               // the next chunk to write
+  bool writing_ = false;          // a worker writes the chunks in turn
+  bool failed_ = false;
+  absl::Status error_;  // read after the workers end
 };
 
 }  // namespace
@@ -603,15 +409,8 @@ absl::Status CopyImage(Image& source, ConvertTarget& target,
       source, opts, merge ? opts.cluster_size : kChunkBytes, merge);
   if (!chunks.ok()) return chunks.status();
   if (opts.progress) opts.progress(0);
-  absl::Status s;
-  if (target.image() != nullptr && !opts.compressed) {
-    QueueCopier copier(source, *target.image(), opts,
-                       std::move(chunks).value());
-    s = copier.Run();
-  } else {
-    Copier copier(source, target, opts, std::move(chunks).value());
-    s = copier.Run();
-  }
+  Copier copier(source, target, opts, std::move(chunks).value());
+  absl::Status s = copier.Run();
   absl::Status f = target.Finish();
   return s.ok() ? f : s;
 }

@@ -33,9 +33,6 @@ class ConvertTarget {
                                        absl::Span<const uint8_t> data) = 0;
   // Makes everything durable (and closes an image).
   virtual absl::Status Finish() = 0;
-  // The image written through, when there is one: a plain copy then
-  // submits its writes to a queue of it. nullptr: a raw file or device.
-  virtual Image* image() { return nullptr; }
 };
 
 struct CopyOptions {
