@@ -198,6 +198,7 @@ class Copier : CopyJob {
     std::vector<uint8_t> data;
     size_t chunk = 0;
     Store store = Store::kCompressed;
+    std::vector<Piece> pieces;  // a plain copy's data and zero runs
     absl::Status status;  // of the read (and the compression probe)
   };
 
@@ -220,7 +221,11 @@ class Copier : CopyJob {
         if (!s.ok()) {
           s = absl::Status(s.code(), absl::StrCat("error while reading at byte ",
                                                   c.offset, ": ", s.message()));
-        } else if (opts_.compressed && !opts_.out_of_order) {
+        } else if (!opts_.compressed) {
+          // Found here, beside the other workers, not in the write's turn.
+          b->pieces.clear();
+          SplitSparse(c, b->data.data(), opts_.min_sparse, &b->pieces);
+        } else if (!opts_.out_of_order) {
           s = Classify(c, b->data, &stream, &b->store);
         }
         b->status = std::move(s);
@@ -229,7 +234,7 @@ class Copier : CopyJob {
         WriteInOrder(b);
       } else {
         absl::Status s = b->status;
-        if (s.ok()) s = WriteChunk(c, b->data.data(), b->store);
+        if (s.ok()) s = WriteChunk(c, *b);
         Finish(b, s, c.len);
       }
     }
@@ -279,7 +284,7 @@ class Copier : CopyJob {
       const Chunk& c = chunks_[turn_];
       lock.unlock();
       absl::Status s = w->status;
-      if (s.ok()) s = WriteChunk(c, w->data.data(), w->store);
+      if (s.ok()) s = WriteChunk(c, *w);
       lock.lock();
       Done(w, s, c.len);
       ++turn_;
@@ -322,15 +327,16 @@ class Copier : CopyJob {
     return absl::OkStatus();
   }
 
-  absl::Status WriteChunk(const Chunk& c, const uint8_t* data, Store store) {
-    absl::Status s = WriteChunkUnnamed(c, data, store);
+  absl::Status WriteChunk(const Chunk& c, const Buffer& b) {
+    absl::Status s = WriteChunkUnnamed(c, b);
     if (s.ok()) return s;
     return absl::Status(s.code(), absl::StrCat("error while writing at byte ",
                                                c.offset, ": ", s.message()));
   }
 
-  absl::Status WriteChunkUnnamed(const Chunk& c, const uint8_t* data,
-                                 Store store) {
+  absl::Status WriteChunkUnnamed(const Chunk& c, const Buffer& b) {
+    const uint8_t* data = b.data.data();
+    const Store store = b.store;
     switch (c.kind) {
       case Kind::kSkip:
         return absl::OkStatus();
@@ -349,7 +355,7 @@ class Copier : CopyJob {
       if (store == Store::kPlain) return target_.Write(c.offset, whole);
       return target_.WriteCompressed(c.offset, whole);
     }
-    return WriteSparse(c, data);
+    return WriteSparse(c, data, b.pieces);
   }
 
   // Zeros: written as data with -S 0 (a fully allocated target), nothing
@@ -371,9 +377,8 @@ class Copier : CopyJob {
     return target_.WriteZeroes(offset, len);
   }
 
-  absl::Status WriteSparse(const Chunk& c, const uint8_t* data) {
-    std::vector<Piece> pieces;
-    SplitSparse(c, data, opts_.min_sparse, &pieces);
+  absl::Status WriteSparse(const Chunk& c, const uint8_t* data,
+                           const std::vector<Piece>& pieces) {
     for (const Piece& p : pieces) {
       absl::Status s =
           p.zero ? Zero(p.offset, p.len)
