@@ -58,7 +58,7 @@ constexpr char kUsage[] =
     "  -p          show progress\n"
     "  -q          quiet (no progress)\n"
     "  -W          allow out-of-order writes (with -c: compression on up to\n"
-    "              N threads at once)\n"
+    "              N threads at once; without -c the writes stay in order)\n"
     "  -m N        requests in flight, 1 to 16 (default 8)\n"
     "  -t CACHE    DEST's cache mode, as qemu-img's: unsafe (the default:\n"
     "              nothing is synced, as qemu-img convert), writeback and\n"
@@ -492,6 +492,7 @@ int RunConvert(int argc, char** argv) {
     if ((*out)->size() < source.size()) return ReportError(OutputSmaller());
     const LayerInfo top = (*out)->GetChainInfo()[0];
     copy.cluster_size = top.cluster_size;
+    copy.compression_type = top.compression_type;
     // With -n, only -B says so (qemu-img: the target's own backing file
     // is not looked at).
     copy.target_has_backing = args.no_create ? args.backing.has_value()

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "lib/format/compress.h"
 
 namespace qcow2::tool {
 namespace {
@@ -17,6 +18,9 @@ namespace {
 // Bytes a worker reads and writes at a time when not compressing
 // (qemu-img's IO_BUF_SIZE).
 constexpr uint64_t kChunkBytes = 2 << 20;
+
+// Bytes of a cluster compressed to guess whether all of it compresses.
+constexpr uint64_t kProbeBytes = 2048;
 
 const std::vector<uint8_t>& Zeros() {
   static const auto* zeros = new std::vector<uint8_t>(kChunkBytes, 0);
@@ -86,18 +90,100 @@ absl::StatusOr<std::vector<Chunk>> PlanChunks(Image& source,
 // Largest power of two <= n (n > 0).
 uint64_t Pow2Floor(uint64_t n) { return uint64_t{1} << (63 - __builtin_clzll(n)); }
 
-class Copier {
- public:
-  Copier(Image& source, ConvertTarget& target, const CopyOptions& opts,
-         std::vector<Chunk> chunks)
+// What one part of a data chunk's write is: the chunk's bytes, or zeros.
+struct Piece {
+  uint64_t offset;
+  uint64_t len;
+  bool zero;
+};
+
+// qemu-img's sparse detection (is_allocated_sectors_min): zero runs of
+// at least -S bytes (a short chunk: its length), counted in units of
+// -S's power-of-two floor aligned to the disk, are zeros; the rest, and
+// shorter zero runs, data. With -S 0, the whole chunk is data.
+void SplitSparse(const Chunk& c, const uint8_t* data, uint64_t min_sparse,
+                 std::vector<Piece>* pieces) {
+  const uint64_t end = c.offset + c.len;
+  if (min_sparse == 0) {
+    pieces->push_back({c.offset, c.len, false});
+    return;
+  }
+  const uint64_t unit = Pow2Floor(min_sparse);
+  const uint64_t min = std::min(min_sparse, c.len);
+  uint64_t data_from = c.offset;  // start of the data not yet written
+  uint64_t pos = c.offset;
+  while (pos < end) {
+    // The zero run starting at pos, if any.
+    uint64_t run_end = pos;
+    while (run_end < end) {
+      const uint64_t u_end = std::min(end, (run_end / unit + 1) * unit);
+      if (!AllZero(data + (run_end - c.offset), u_end - run_end)) break;
+      run_end = u_end;
+    }
+    if (run_end - pos >= min) {
+      if (pos > data_from) pieces->push_back({data_from, pos - data_from, false});
+      pieces->push_back({pos, run_end - pos, true});
+      data_from = run_end;
+      pos = run_end;
+    } else {
+      pos = std::min(end, (std::max(run_end, pos + 1) / unit + 1) * unit);
+      if (run_end > pos) pos = run_end;
+    }
+  }
+  if (end > data_from) pieces->push_back({data_from, end - data_from, false});
+}
+
+// What both copy loops share: the plan, and the progress report.
+class CopyJob {
+ protected:
+  CopyJob(Image& source, const CopyOptions& opts, std::vector<Chunk> chunks)
       : source_(source),
-        target_(target),
         opts_(opts),
         chunks_(std::move(chunks)),
         size_(source.size()) {}
 
+  // A chunk of `len` bytes is done (one call at a time).
+  void Report(uint64_t len) const {
+    if (opts_.progress) {
+      opts_.progress(static_cast<float>(100.0 * static_cast<double>(len) /
+                                        static_cast<double>(size_)));
+    }
+  }
+
+  Image& source_;
+  const CopyOptions& opts_;
+  const std::vector<Chunk> chunks_;
+  const uint64_t size_;
+};
+
+// The copy on -m threads, each reading chunks (and, compressing, finding
+// out which clusters do not compress), the chunks written with the
+// target's synchronous calls in guest order by whichever worker finds
+// the next one ready. With -W, a compressed copy has each worker write
+// (compress) its own chunks, at once; a plain one is written in guest
+// order all the same: it is as fast, and its clusters end up in order.
+// (A copy through queues, a reader thread and a writer thread, was
+// slower on this two-core machine under load: each hand-over waited for
+// the other thread to be scheduled; and with cache=unsafe the target's
+// queue makes its writes synchronously anyway.)
+class Copier : CopyJob {
+ public:
+  Copier(Image& source, ConvertTarget& target, const CopyOptions& opts,
+         std::vector<Chunk> chunks)
+      : CopyJob(source, opts, std::move(chunks)),
+        target_(target),
+        ordered_(!opts.out_of_order || !opts.compressed) {}
+
   absl::Status Run() {
     const int n = std::max(1, opts_.workers);
+    // In guest order, twice as many buffers as workers: a worker whose
+    // chunk waits for the ones before it goes on with another.
+    buffers_.resize(static_cast<size_t>(ordered_ ? 2 * n : n));
+    for (Buffer& b : buffers_) {
+      b.data.resize(opts_.compressed ? opts_.cluster_size : kChunkBytes);
+      free_.push_back(&b);
+    }
+    if (ordered_) waiting_.assign(chunks_.size(), nullptr);
     std::vector<std::thread> threads;
     for (int i = 0; i < n; ++i) threads.emplace_back([this] { Work(); });
     for (auto& t : threads) t.join();
@@ -105,59 +191,152 @@ class Copier {
   }
 
  private:
+  // How a data cluster is stored when compressing.
+  enum class Store { kCompressed, kPlain, kZeros };
+
+  struct Buffer {
+    std::vector<uint8_t> data;
+    size_t chunk = 0;
+    Store store = Store::kCompressed;
+    std::vector<Piece> pieces;  // a plain copy's data and zero runs
+    absl::Status status;  // of the read (and the compression probe)
+  };
+
   void Work() {
-    std::vector<uint8_t> buf(
-        opts_.compressed ? opts_.cluster_size : kChunkBytes);
+    std::vector<uint8_t> stream;
     for (;;) {
+      Buffer* b = TakeBuffer();
+      if (b == nullptr) return;
       const size_t i = next_.fetch_add(1);
-      if (i >= chunks_.size() || failed_.load()) return;
+      if (i >= chunks_.size()) {
+        Finish(b, absl::OkStatus(), 0);
+        return;
+      }
       const Chunk& c = chunks_[i];
-      absl::Status s;
+      b->chunk = i;
+      b->store = Store::kCompressed;
+      b->status = absl::OkStatus();
       if (c.kind == Kind::kData) {
-        s = source_.Read(c.offset, absl::MakeSpan(buf.data(), c.len));
+        absl::Status s = source_.Read(c.offset, absl::MakeSpan(b->data.data(), c.len));
         if (!s.ok()) {
           s = absl::Status(s.code(), absl::StrCat("error while reading at byte ",
                                                   c.offset, ": ", s.message()));
+        } else if (!opts_.compressed) {
+          // Found here, beside the other workers, not in the write's turn.
+          b->pieces.clear();
+          SplitSparse(c, b->data.data(), opts_.min_sparse, &b->pieces);
+        } else if (!opts_.out_of_order) {
+          s = Classify(c, b->data, &stream, &b->store);
         }
+        b->status = std::move(s);
       }
-      if (!WaitTurn(i)) return;
-      if (s.ok()) s = WriteChunk(c, buf.data());
-      EndTurn(i, s, c.len);
-      if (!s.ok()) return;
+      if (ordered_) {
+        WriteInOrder(b);
+      } else {
+        absl::Status s = b->status;
+        if (s.ok()) s = WriteChunk(c, *b);
+        Finish(b, s, c.len);
+      }
     }
   }
 
-  // In guest order unless -W: chunk i is written after chunk i - 1's write
-  // finished (reads run ahead). False when another worker failed.
-  bool WaitTurn(size_t i) {
-    if (opts_.out_of_order) return !failed_.load();
+  // A free buffer; nullptr once a worker failed.
+  Buffer* TakeBuffer() {
     std::unique_lock<std::mutex> lock(mu_);
-    turn_cv_.wait(lock, [&] { return turn_ == i || failed_.load(); });
-    return !failed_.load();
+    free_cv_.wait(lock, [&] { return !free_.empty() || failed_; });
+    if (failed_) return nullptr;
+    Buffer* b = free_.back();
+    free_.pop_back();
+    return b;
   }
 
-  void EndTurn(size_t i, const absl::Status& s, uint64_t len) {
+  // The buffer's chunk is written (or failed): the buffer is free again.
+  void Finish(Buffer* b, const absl::Status& s, uint64_t len) {
     std::lock_guard<std::mutex> lock(mu_);
+    Done(b, s, len);
+  }
+
+  void Done(Buffer* b, const absl::Status& s, uint64_t len) {
     if (!s.ok() && error_.ok()) {
       error_ = s;
-      failed_.store(true);
+      failed_ = true;
+      free_cv_.notify_all();
     }
-    if (!opts_.out_of_order) turn_ = i + 1;
-    turn_cv_.notify_all();
-    if (s.ok() && opts_.progress) {
-      opts_.progress(static_cast<float>(100.0 * static_cast<double>(len) /
-                                        static_cast<double>(size_)));
-    }
+    if (s.ok() && len > 0) Report(len);
+    free_.push_back(b);
+    free_cv_.notify_one();
   }
 
-  absl::Status WriteChunk(const Chunk& c, const uint8_t* data) {
-    absl::Status s = WriteChunkUnnamed(c, data);
+  // In guest order: chunk i is written after chunk i - 1 (reads run
+  // ahead). Whichever worker finds the next chunk to write ready writes
+  // it, and the ones after it that are ready too, so that no write waits
+  // for a worker to be woken (the next chunk's worker, woken on the
+  // waker's core, waited there for it to compress a cluster: the
+  // compressing ran on one core at a time).
+  void WriteInOrder(Buffer* b) {
+    std::unique_lock<std::mutex> lock(mu_);
+    waiting_[b->chunk] = b;
+    if (writing_) return;
+    writing_ = true;
+    while (!failed_ && turn_ < chunks_.size() && waiting_[turn_] != nullptr) {
+      Buffer* w = waiting_[turn_];
+      waiting_[turn_] = nullptr;
+      const Chunk& c = chunks_[turn_];
+      lock.unlock();
+      absl::Status s = w->status;
+      if (s.ok()) s = WriteChunk(c, *w);
+      lock.lock();
+      Done(w, s, c.len);
+      ++turn_;
+    }
+    writing_ = false;
+  }
+
+  // In guest order, the writes are one at a time, and so would be the
+  // compression inside WriteCompressed: the worker finds out beforehand,
+  // beside the others, what the write will store. A cluster that does
+  // not compress (the library would write it as it is: the same codec,
+  // the same test) is written plain; one of zeros is left out; only
+  // clusters that compress are compressed in the write's turn.
+  absl::Status Classify(const Chunk& c, std::vector<uint8_t>& buf,
+                        std::vector<uint8_t>* stream, Store* store) {
+    *store = Store::kCompressed;
+    if (opts_.min_sparse > 0 && AllZero(buf.data(), c.len)) {
+      *store = Store::kZeros;
+      return absl::OkStatus();
+    }
+    const uint64_t cs = opts_.cluster_size;
+    if (c.len < cs) std::memset(buf.data() + c.len, 0, cs - c.len);
+    stream->resize(cs - 1);
+    // A cluster whose first 2 KiB compress to less than 7/8 is taken to
+    // compress (the write finds out for sure, once): the whole test is
+    // made only for likely misses, so that most clusters are compressed
+    // once.
+    if (cs > kProbeBytes) {
+      absl::StatusOr<size_t> n = internal::CompressCluster(
+          opts_.compression_type, absl::MakeConstSpan(buf.data(), kProbeBytes),
+          absl::MakeSpan(stream->data(), kProbeBytes * 7 / 8));
+      if (!n.ok()) return n.status();
+      if (*n != 0) return absl::OkStatus();
+    }
+    absl::StatusOr<size_t> n = internal::CompressCluster(
+        opts_.compression_type, absl::MakeConstSpan(buf.data(), cs),
+        absl::MakeSpan(*stream));
+    if (!n.ok()) return n.status();
+    if (*n == 0) *store = Store::kPlain;
+    return absl::OkStatus();
+  }
+
+  absl::Status WriteChunk(const Chunk& c, const Buffer& b) {
+    absl::Status s = WriteChunkUnnamed(c, b);
     if (s.ok()) return s;
     return absl::Status(s.code(), absl::StrCat("error while writing at byte ",
                                                c.offset, ": ", s.message()));
   }
 
-  absl::Status WriteChunkUnnamed(const Chunk& c, const uint8_t* data) {
+  absl::Status WriteChunkUnnamed(const Chunk& c, const Buffer& b) {
+    const uint8_t* data = b.data.data();
+    const Store store = b.store;
     switch (c.kind) {
       case Kind::kSkip:
         return absl::OkStatus();
@@ -169,13 +348,14 @@ class Copier {
     const auto whole = absl::MakeConstSpan(data, c.len);
     if (opts_.compressed) {
       // A cluster is written whole: only an all-zero one is saved.
-      if (opts_.min_sparse > 0 && AllZero(data, c.len)) {
+      if (store == Store::kZeros ||
+          (opts_.min_sparse > 0 && AllZero(data, c.len))) {
         return Zero(c.offset, c.len);
       }
+      if (store == Store::kPlain) return target_.Write(c.offset, whole);
       return target_.WriteCompressed(c.offset, whole);
     }
-    if (opts_.min_sparse == 0) return target_.Write(c.offset, whole);
-    return WriteSparse(c, data);
+    return WriteSparse(c, data, b.pieces);
   }
 
   // Zeros: written as data with -S 0 (a fully allocated target), nothing
@@ -197,60 +377,32 @@ class Copier {
     return target_.WriteZeroes(offset, len);
   }
 
-  // qemu-img's sparse detection (is_allocated_sectors_min): zero runs of
-  // at least -S bytes (a short chunk: its length), counted in units of
-  // -S's power-of-two floor aligned to the disk, are zeros; the rest, and
-  // shorter zero runs, data.
-  absl::Status WriteSparse(const Chunk& c, const uint8_t* data) {
-    const uint64_t unit = Pow2Floor(opts_.min_sparse);
-    const uint64_t min = std::min(opts_.min_sparse, c.len);
-    const uint64_t end = c.offset + c.len;
-    uint64_t data_from = c.offset;  // start of the data not yet written
-    uint64_t pos = c.offset;
-    while (pos < end) {
-      // The zero run starting at pos, if any.
-      uint64_t run_end = pos;
-      while (run_end < end) {
-        const uint64_t u_end = std::min(end, (run_end / unit + 1) * unit);
-        if (!AllZero(data + (run_end - c.offset), u_end - run_end)) break;
-        run_end = u_end;
-      }
-      if (run_end - pos >= min) {
-        if (pos > data_from) {
-          absl::Status s = target_.Write(
-              data_from,
-              absl::MakeConstSpan(data + (data_from - c.offset),
-                                  pos - data_from));
-          if (!s.ok()) return s;
-        }
-        absl::Status s = Zero(pos, run_end - pos);
-        if (!s.ok()) return s;
-        data_from = run_end;
-        pos = run_end;
-      } else {
-        pos = std::min(end, (std::max(run_end, pos + 1) / unit + 1) * unit);
-        if (run_end > pos) pos = run_end;
-      }
-    }
-    if (end > data_from) {
-      return target_.Write(
-          data_from,
-          absl::MakeConstSpan(data + (data_from - c.offset), end - data_from));
+  absl::Status WriteSparse(const Chunk& c, const uint8_t* data,
+                           const std::vector<Piece>& pieces) {
+    for (const Piece& p : pieces) {
+      absl::Status s =
+          p.zero ? Zero(p.offset, p.len)
+                 : target_.Write(p.offset,
+                                 absl::MakeConstSpan(data + (p.offset - c.offset),
+                                                     p.len));
+      if (!s.ok()) return s;
     }
     return absl::OkStatus();
   }
 
-  Image& source_;
   ConvertTarget& target_;
-  const CopyOptions& opts_;
-  const std::vector<Chunk> chunks_;
-  const uint64_t size_;
+  const bool ordered_;  // writes in guest order
   std::atomic<size_t> next_{0};
-  std::atomic<bool> failed_{false};
+  std::vector<Buffer> buffers_;
   std::mutex mu_;
-  std::condition_variable turn_cv_;
-  size_t turn_ = 0;     // guarded by mu_
-  absl::Status error_;  // guarded by mu_ (read after the workers end)
+  std::condition_variable free_cv_;
+  // Guarded by mu_:
+  std::vector<Buffer*> free_;
+  std::vector<Buffer*> waiting_;  // in guest order: chunk -> read, unwritten
+  size_t turn_ = 0;               // the next chunk to write
+  bool writing_ = false;          // a worker writes the chunks in turn
+  bool failed_ = false;
+  absl::Status error_;  // read after the workers end
 };
 
 }  // namespace

@@ -2,8 +2,10 @@
 // The copy loop of qcowtool convert, as qemu-img convert runs it: the
 // source's block status cut into chunks (2 MiB, or one target cluster
 // when compressing), each read by one of N workers (-m) and written to the
-// target, in guest order unless out-of-order writes are allowed (-W);
-// zero runs of data found by sparse detection (-S) are left out (a target
+// target in guest order (so that its clusters are allocated in order, as
+// qemu-img's), the clusters that do not compress found beforehand by the
+// workers; with -W and -c each worker compresses and writes its own at
+// once; zero runs of data found by sparse detection (-S) are left out (a target
 // that reads as zeros) or written as zeros, ranges the target's backing
 // file provides (-B) are left alone.
 #ifndef QCOW2_TOOLS_CONVERT_COPY_H_
@@ -51,7 +53,8 @@ struct CopyOptions {
   // target's cluster size.
   bool compressed = false;
   uint64_t cluster_size = 65536;
-  // -m and -W.
+  CompressionType compression_type = CompressionType::kZlib;
+  // -m and -W (out of order: only compressed copies write out of order).
   int workers = 8;
   bool out_of_order = false;
   // Called with each finished chunk's share of the disk, in percent,
