@@ -91,20 +91,12 @@ class CrashAmendTest : public ::testing::TestWithParam<AmendCase> {
     ASSERT_OK_AND_ASSIGN(initial_, testing::ReadFileBytes(path));
     ASSERT_OK_AND_ASSIGN(active_, testing::QemuReadAll(path));
     for (const char* id : {"1", "2"}) {
-      ASSERT_OK_AND_ASSIGN(snapshots_[id], SnapshotData(path, id));
+      ASSERT_OK_AND_ASSIGN(snapshots_[id],
+                           testing::QemuReadSnapshot(path, id));
     }
     ASSERT_OK_AND_ASSIGN(before_, Field(path));
   }
 
-  absl::StatusOr<std::vector<uint8_t>> SnapshotData(const std::string& path,
-                                                    const std::string& id) {
-    const std::string raw = dir_.File("snap.raw");
-    CommandResult r = testing::Run({"qemu-img", "convert", "-U", "-l",
-                                    absl::StrCat("snapshot.id=", id), "-O",
-                                    "raw", path, raw});
-    if (r.exit_code != 0) return absl::InternalError(r.err);
-    return testing::ReadFileBytes(raw);
-  }
 
   // The case's format-specific field of `path`, as text.
   absl::StatusOr<std::string> Field(const std::string& path) {
@@ -145,7 +137,7 @@ class CrashAmendTest : public ::testing::TestWithParam<AmendCase> {
     EXPECT_TRUE(SameZeroExtended(active, active_))
         << "the active disk reads differently";
     for (const auto& [id, want] : snapshots_) {
-      ASSERT_OK_AND_ASSIGN(auto data, SnapshotData(path, id));
+      ASSERT_OK_AND_ASSIGN(auto data, testing::QemuReadSnapshot(path, id));
       EXPECT_TRUE(SameZeroExtended(data, want))
           << "snapshot id " << id << " lost its data";
     }

@@ -88,19 +88,11 @@ class CrashSnapshotTest
     ASSERT_OK_AND_ASSIGN(initial_, testing::ReadFileBytes(path));
     ASSERT_OK_AND_ASSIGN(active_before_, testing::QemuReadAll(path));
     for (const char* id : {"1", "2"}) {
-      ASSERT_OK_AND_ASSIGN(snapshot_data_[id], SnapshotData(path, id));
+      ASSERT_OK_AND_ASSIGN(snapshot_data_[id],
+                           testing::QemuReadSnapshot(path, id));
     }
   }
 
-  absl::StatusOr<std::vector<uint8_t>> SnapshotData(const std::string& path,
-                                                    const std::string& id) {
-    const std::string raw = dir_.File("snap.raw");
-    CommandResult r = testing::Run({"qemu-img", "convert", "-U", "-l",
-                                    absl::StrCat("snapshot.id=", id), "-O",
-                                    "raw", path, raw});
-    if (r.exit_code != 0) return absl::InternalError(r.err);
-    return testing::ReadFileBytes(raw);
-  }
 
   absl::Status RunAction(Image* img, Action a) {
     switch (a) {
@@ -175,7 +167,7 @@ class CrashSnapshotTest
     const auto& list = v["snapshots"];
     for (size_t i = 0; i < list.size(); ++i) {
       const std::string id = list[i]["id"].as_string();
-      ASSERT_OK_AND_ASSIGN(auto data, SnapshotData(path, id));
+      ASSERT_OK_AND_ASSIGN(auto data, testing::QemuReadSnapshot(path, id));
       // The new snapshot (id 3) holds the active disk as it was.
       const std::vector<uint8_t>& want =
           id == "3" ? active_before_ : snapshot_data_[id];

@@ -137,6 +137,22 @@ absl::StatusOr<std::vector<uint8_t>> QemuReadAll(const std::string& image) {
   return bytes;
 }
 
+absl::StatusOr<std::vector<uint8_t>> QemuReadSnapshot(const std::string& image,
+                                                      const std::string& id) {
+  const std::string raw = image + ".snapshot.raw";
+  CommandResult r =
+      Run({"qemu-img", "convert", "-U", "-l", absl::StrCat("snapshot.id=", id),
+           "-O", "raw", image, raw});
+  if (r.exit_code != 0) {
+    return absl::InternalError(absl::StrCat("qemu-img convert -l snapshot.id=",
+                                            id, " ", image, " failed: ",
+                                            r.err));
+  }
+  auto bytes = ReadFileBytes(raw);
+  unlink(raw.c_str());
+  return bytes;
+}
+
 CommandResult QemuCheck(const std::string& image) {
   return Run({"qemu-img", "check", "-U", "--output=json", image});
 }

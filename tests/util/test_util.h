@@ -81,6 +81,12 @@ absl::Status WriteFileBytes(const std::string& path,
 // after a flush; the tests of locking run qemu-img without it.
 absl::StatusOr<std::vector<uint8_t>> QemuReadAll(const std::string& image);
 
+// The disk as internal snapshot `id` of `image` holds it, through
+// `qemu-img convert -U -l snapshot.id=ID -O raw` (QEMU's reader as the
+// judge of the snapshots we write).
+absl::StatusOr<std::vector<uint8_t>> QemuReadSnapshot(const std::string& image,
+                                                      const std::string& id);
+
 // Runs `qemu-img check -U --output=json` (see QemuReadAll on -U) and
 // returns its exit code (0 clean, 2 corruptions, 3 leaks) with the output.
 CommandResult QemuCheck(const std::string& image);
