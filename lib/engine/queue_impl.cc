@@ -82,7 +82,16 @@ QueueImpl::QueueImpl(Engine* engine, const QueueOptions& opts)
     while (entries < static_cast<unsigned>(depth_) * 2 && entries < 4096) {
       entries *= 2;
     }
-    int rc = io_uring_queue_init(entries, &ring_, 0);
+    // Completions run when this thread next enters the kernel (it does to
+    // reap them) rather than by an interrupt of whatever it is doing: a
+    // buffered write or a device without nowait completes on a kernel
+    // worker, which would otherwise send an inter-processor interrupt per
+    // request (in a VM, an exit to the host). A sleeping thread is still
+    // woken; the flag makes liburing's peek enter the kernel when
+    // completions wait there. Kernels before 5.19 take neither flag.
+    int rc = io_uring_queue_init(
+        entries, &ring_, IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG);
+    if (rc == -EINVAL) rc = io_uring_queue_init(entries, &ring_, 0);
     if (rc == 0) {
       ring_ok_ = true;
       ArmEventFd();
