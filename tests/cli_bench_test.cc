@@ -427,6 +427,42 @@ TEST(BenchCliTest, QdWritesAndCpuPerRequest) {
   EXPECT_GT(rows[2]["guest_bytes"].as_uint64(), 0u);
 }
 
+// --repeat=N: N rounds on newly written targets (the scratch directory
+// holds one pair at a time and is empty afterwards); each target's row is
+// the median round, and the round ratios' spread brackets nothing wider
+// than the rounds themselves.
+TEST(BenchCliTest, QdRoundsOnNewTargets) {
+  TempDir dir;
+  json::Value v = RunJson(dir, {"qd", "--image-size=4M", "--qd=2",
+                                "--modes=read,write", "--count=300",
+                                "--repeat=3"});
+  EXPECT_EQ(v["params"]["rounds"].as_uint64(), 3u);
+  const json::Value& rows = v["rows"];
+  ASSERT_EQ(rows.size(), 4u);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    CheckRow(rows[i], i < 2 ? "read" : "write");
+    EXPECT_EQ(rows[i]["rounds"].as_uint64(), 3u);
+    EXPECT_EQ(rows[i]["ops"].as_uint64(), 300u);
+  }
+  for (size_t i : {0u, 2u}) {
+    const double lo = Num(rows[i], "round_ratio_min");
+    const double hi = Num(rows[i], "round_ratio_max");
+    EXPECT_GT(lo, 0);
+    EXPECT_LE(lo, hi);
+    EXPECT_NEAR(Num(rows[i], "ratio_vs_raw"),
+                Num(rows[i], "iops") / Num(rows[i + 1], "iops"),
+                1e-3 * Num(rows[i], "ratio_vs_raw"));
+    EXPECT_TRUE(rows[i + 1]["round_ratio_min"].is_null());
+  }
+  EXPECT_TRUE(DirEmpty(dir.path()));
+  // The human table names the spread.
+  CommandResult h = RunCmd({Qcowtool(), "bench", "qd", "-q", "--image-size=4M",
+                            "--qd=2", "--count=100", "--repeat=2",
+                            "--dir=" + dir.path(), CacheFlag(dir.path())});
+  ASSERT_EQ(h.exit_code, 0) << h.err;
+  EXPECT_NE(h.out.find("round min"), std::string::npos) << h.out;
+}
+
 // --device: a block device that holds something is refused without
 // --force, and left as it was; a file is not a device.
 TEST(BenchCliTest, DeviceWithContentsIsRefusedUnlessForced) {

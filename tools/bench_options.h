@@ -64,7 +64,7 @@ struct BenchOptions {
   std::vector<int> writers;
   std::vector<std::string> modes;
   std::optional<uint64_t> size_per_writer;
-  std::optional<int> repeat;  // --repeat (scaling; rmw read rounds)
+  std::optional<int> repeat;  // --repeat (scaling, qd; rmw read rounds)
   std::vector<MixEntry> mix;
   std::vector<uint64_t> cluster_sizes;
 

@@ -138,12 +138,16 @@ const Workload kWorkloads[] = {
      "  --bs=SIZE                request size (default 4k)\n"
      "  --image-size=SIZE        default 1G\n"
      "  --cluster-size=SIZE      default 64k\n"
+     "  --repeat=N               N rounds (default 1), each on newly written\n"
+     "                           targets, the two taking turns going first;\n"
+     "                           a row is the median round, with the lowest\n"
+     "                           and highest of the rounds' ratios\n"
      QCOW2_BENCH_DEVICE_HELP "\n"
      "With --device, the qcow2 image is created on the device and the raw\n"
      "target is the device's last --image-size bytes (the device needs\n"
      "room for both).\n",
      {"--time", "--count", "--plot", "--modes", "--qd", "--bs",
-      "--image-size", "--cluster-size", "--device", "--force"},
+      "--image-size", "--cluster-size", "--repeat", "--device", "--force"},
      true},
     {"pattern",
      RunPattern,

@@ -3,6 +3,8 @@
 // image and of a raw file of the same size, through the same engine and
 // backend, at several queue depths; the ratios of IOPS and of CPU time per
 // request show what the qcow2 mapping costs.
+#include <algorithm>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -21,6 +23,7 @@ struct Params {
   uint32_t bs = 4096;
   uint64_t size = 1ull << 30;
   uint32_t cluster = 64 << 10;
+  int rounds = 1;
 };
 
 absl::StatusOr<Params> Resolve(const BenchOptions& o) {
@@ -40,6 +43,7 @@ absl::StatusOr<Params> Resolve(const BenchOptions& o) {
   if (!o.bs.empty()) p.bs = static_cast<uint32_t>(o.bs[0]);
   p.size = o.image_size.value_or(p.size);
   p.cluster = static_cast<uint32_t>(o.cluster_size.value_or(p.cluster));
+  p.rounds = o.repeat.value_or(p.rounds);
   if (p.bs > p.size) {
     return OptionError("--bs is larger than the image (--image-size)");
   }
@@ -73,28 +77,56 @@ absl::StatusOr<Result> Measure(Env& env, const Params& p, Image& image,
   return Result{op, qd, target, *r, image.GetStats().Since(before)};
 }
 
-void BuildRows(const std::vector<Result>& results, Report* report) {
+// The run of `runs` (one per round) with the median IOPS.
+const Result& MedianRun(const std::vector<Result>& runs) {
+  std::vector<const Result*> sorted;
+  for (const Result& r : runs) sorted.push_back(&r);
+  std::sort(sorted.begin(), sorted.end(), [](const Result* a, const Result* b) {
+    return a->r.iops() < b->r.iops();
+  });
+  return *sorted[(sorted.size() - 1) / 2];
+}
+
+// A cell: the qcow2 and the raw runs of one op and queue depth, one of
+// each per round.
+struct Cell {
+  std::vector<Result> qcow2, raw;
+};
+
+void BuildRows(const std::vector<Cell>& cells, int rounds, Report* report) {
   Panel iops{"Random IOPS by queue depth", "queue depth", "IOPS"};
   Panel lat{"p99 latency by queue depth", "queue depth", "microseconds"};
   Series q_iops{"qcow2", {}}, r_iops{"raw", {}}, q_lat{"qcow2 p99", {}},
       r_lat{"raw p99", {}};
-  const bool both_ops = results.size() >= 2 && results.front().op !=
-                                                   results.back().op;
-  for (size_t i = 0; i + 1 < results.size(); i += 2) {
-    const Result& q = results[i];
-    const Result& raw = results[i + 1];
+  const bool both_ops = cells.size() >= 2 && cells.front().qcow2[0].op !=
+                                                 cells.back().qcow2[0].op;
+  for (const Cell& cell : cells) {
+    const Result& q = MedianRun(cell.qcow2);
+    const Result& raw = MedianRun(cell.raw);
     const std::optional<double> ratio = Ratio(q.r.iops(), raw.r.iops());
     const std::optional<double> cpu_ratio =
         Ratio(q.r.cpu_us_per_op(), raw.r.cpu_us_per_op());
+    // The spread of the rounds' own ratios (each round's two runs share
+    // its files and its minute).
+    double lo = 0, hi = 0;
+    for (size_t i = 0; i < cell.qcow2.size(); ++i) {
+      const double x = Ratio(cell.qcow2[i].r.iops(), cell.raw[i].r.iops())
+                           .value_or(0);
+      lo = i == 0 ? x : std::min(lo, x);
+      hi = i == 0 ? x : std::max(hi, x);
+    }
     for (const Result* res : {&q, &raw}) {
       Record row;
       row.Set("op", Value::Str(OpName(res->op)))
           .Set("qd", Value::Uint(res->qd))
-          .Set("target", Value::Str(res->target));
+          .Set("target", Value::Str(res->target))
+          .Set("rounds", Value::Uint(static_cast<uint64_t>(rounds)));
       AddRateColumns(res->r, &row);
       AddIoColumns(res->delta, res->op, &row);
       row.Set("ratio_vs_raw", res == &q ? Value::Ratio(ratio) : Value())
-          .Set("cpu_ratio_vs_raw", res == &q ? Value::Ratio(cpu_ratio) : Value());
+          .Set("cpu_ratio_vs_raw", res == &q ? Value::Ratio(cpu_ratio) : Value())
+          .Set("round_ratio_min", res == &q ? Value::Ratio(lo) : Value())
+          .Set("round_ratio_max", res == &q ? Value::Ratio(hi) : Value());
       report->rows.push_back(std::move(row));
     }
     Record h;
@@ -103,6 +135,8 @@ void BuildRows(const std::vector<Result>& results, Report* report) {
         .Set("q_iops", Value::Num(q.r.iops()))
         .Set("r_iops", Value::Num(raw.r.iops()))
         .Set("ratio", Value::Ratio(ratio))
+        .Set("lo", Value::Ratio(lo))
+        .Set("hi", Value::Ratio(hi))
         .Set("q_cpu", Value::Num(q.r.cpu_us_per_op()))
         .Set("r_cpu", Value::Num(raw.r.cpu_us_per_op()))
         .Set("cpu_ratio", Value::Ratio(cpu_ratio))
@@ -134,6 +168,11 @@ void BuildRows(const std::vector<Result>& results, Report* report) {
                      {"raw p50 us", "r_p50", 1},
                      {"qcow2 p99 us", "q_p99", 1},
                      {"raw p99 us", "r_p99", 1}};
+  if (rounds > 1) {
+    // After qcow2/raw: the lowest and highest of the rounds' ratios.
+    report->columns.insert(report->columns.begin() + 5,
+                           {{"round min", "lo", 3}, {"round max", "hi", 3}});
+  }
   report->plot_title = "qcowtool bench qd";
   report->plot = {iops, lat};
 }
@@ -158,38 +197,59 @@ absl::Status RunQd(Env& env, Report* report) {
         ") is too small for a qcow2 image and a raw range of --image-size ",
         FormatSize(p->size), " each"));
   }
-  auto targets =
-      env.device.empty()
-          ? MakeFilledTargets(*env.scratch, env.progress, "qd", p->size,
-                              p->cluster, env.direct)
-          : MakeDeviceTargets(env.device, env.device_size, env.progress,
-                              p->size, p->cluster, env.direct);
-  if (!targets.ok()) return targets.status();
-  AddCommonParams(env.direct, EngineName(*targets->qcow2), &report->params);
+  report->params.Set("rounds", Value::Uint(static_cast<uint64_t>(p->rounds)));
   report->params.Set("device",
                      env.device.empty() ? Value() : Value::Str(env.device));
 
-  std::vector<Result> results;
-  const size_t total = 2 * p->ops.size() * p->qd.size();
-  for (Op op : p->ops) {
-    for (int qd : p->qd) {
-      for (const char* target : {"qcow2", "raw"}) {
-        const bool raw = std::string_view(target) == "raw";
-        Image& image = raw ? *targets->raw : *targets->qcow2;
-        const std::string label = absl::StrFormat(
-            "[%u/%u] %s %s random %s qd%d", results.size() + 1, total, target,
-            FormatBlockSize(p->bs), OpName(op), qd);
-        auto r = Measure(env, *p, image, raw ? targets->raw_start : 0, op, qd,
-                         target, label);
-        if (!r.ok()) return r.status();
-        results.push_back(std::move(*r));
+  // Each round writes new targets: on tmpfs (and any page cache) the
+  // memory a file's pages landed in changes what a copy costs, by up to
+  // half in one run seen here, so one pair of files decides nothing. The
+  // two targets take turns going first.
+  std::vector<Cell> cells(p->ops.size() * p->qd.size());
+  const size_t total = 2 * cells.size() * static_cast<size_t>(p->rounds);
+  size_t done = 0;
+  for (int round = 0; round < p->rounds; ++round) {
+    auto targets =
+        env.device.empty()
+            ? MakeFilledTargets(*env.scratch, env.progress, "qd", p->size,
+                                p->cluster, env.direct)
+            : MakeDeviceTargets(env.device, env.device_size, env.progress,
+                                p->size, p->cluster, env.direct);
+    if (!targets.ok()) return targets.status();
+    if (round == 0) {
+      AddCommonParams(env.direct, EngineName(*targets->qcow2),
+                      &report->params);
+    }
+    size_t c = 0;
+    for (Op op : p->ops) {
+      for (int qd : p->qd) {
+        Cell& cell = cells[c++];
+        for (int k = 0; k < 2; ++k) {
+          const bool raw = (k == 1) != (round % 2 == 1);
+          const char* target = raw ? "raw" : "qcow2";
+          Image& image = raw ? *targets->raw : *targets->qcow2;
+          const std::string label = absl::StrFormat(
+              "[%u/%u] %s %s random %s qd%d", ++done, total, target,
+              FormatBlockSize(p->bs), OpName(op), qd);
+          auto r = Measure(env, *p, image, raw ? targets->raw_start : 0, op,
+                           qd, target, label);
+          if (!r.ok()) return r.status();
+          (raw ? cell.raw : cell.qcow2).push_back(std::move(*r));
+        }
       }
     }
+    for (Image* image : {targets->qcow2.get(), targets->raw.get()}) {
+      if (absl::Status s = image->Close(); !s.ok()) return s;
+    }
+    targets->qcow2.reset();
+    targets->raw.reset();
+    if (env.device.empty()) {
+      // Before the next round writes its own.
+      std::remove(targets->qcow2_path.c_str());
+      std::remove(targets->raw_path.c_str());
+    }
   }
-  for (Image* image : {targets->qcow2.get(), targets->raw.get()}) {
-    if (absl::Status s = image->Close(); !s.ok()) return s;
-  }
-  BuildRows(results, report);
+  BuildRows(cells, p->rounds, report);
   return absl::OkStatus();
 }
 
