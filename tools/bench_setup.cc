@@ -111,25 +111,25 @@ absl::Status FillImage(Image& image, uint8_t byte, Progress& progress,
 absl::StatusOr<Targets> MakeFilledTargets(Scratch& scratch, Progress& progress,
                                           const std::string& stem,
                                           uint64_t size, uint32_t cluster,
-                                          bool direct) {
+                                          bool direct, bool raw_first) {
   Targets t;
-  CreateOptions c;
-  c.size = size;
-  c.cluster_size = cluster;
   t.qcow2_path = scratch.Path(stem + ".qcow2");
-  auto q = CreateBenchImage(t.qcow2_path, c, direct);
-  if (!q.ok()) return q.status();
-  t.qcow2 = std::move(*q);
-  if (auto s = FillImage(*t.qcow2, 0x5a, progress, stem + ".qcow2"); !s.ok()) {
-    return s;
-  }
-  c.format = ImageFormat::kRaw;
   t.raw_path = scratch.Path(stem + ".raw");
-  auto r = CreateBenchImage(t.raw_path, c, direct);
-  if (!r.ok()) return r.status();
-  t.raw = std::move(*r);
-  if (auto s = FillImage(*t.raw, 0x5a, progress, stem + ".raw"); !s.ok()) {
-    return s;
+  for (int k = 0; k < 2; ++k) {
+    const bool raw = (k == 0) == raw_first;
+    CreateOptions c;
+    c.size = size;
+    c.cluster_size = cluster;
+    if (raw) c.format = ImageFormat::kRaw;
+    const std::string& path = raw ? t.raw_path : t.qcow2_path;
+    auto image = CreateBenchImage(path, c, direct);
+    if (!image.ok()) return image.status();
+    std::unique_ptr<Image>& slot = raw ? t.raw : t.qcow2;
+    slot = std::move(*image);
+    if (auto s = FillImage(*slot, 0x5a, progress, stem + (raw ? ".raw" : ".qcow2"));
+        !s.ok()) {
+      return s;
+    }
   }
   return t;
 }

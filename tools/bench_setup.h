@@ -75,10 +75,12 @@ struct Targets {
   std::string qcow2_path, raw_path;
   uint64_t raw_start = 0;
 };
+// raw_first: the raw file is written first (in the page cache, the file
+// written second gets other memory; bench qd alternates the order).
 absl::StatusOr<Targets> MakeFilledTargets(Scratch& scratch, Progress& progress,
                                           const std::string& stem,
                                           uint64_t size, uint32_t cluster,
-                                          bool direct);
+                                          bool direct, bool raw_first = false);
 // The same on a block device of `device_size` bytes: the qcow2 image is
 // created on the device (from its start), and the raw target is the
 // device itself, opened with format=raw and without image locks (the

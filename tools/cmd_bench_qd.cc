@@ -204,7 +204,8 @@ absl::Status RunQd(Env& env, Report* report) {
   // Each round writes new targets: on tmpfs (and any page cache) the
   // memory a file's pages landed in changes what a copy costs, by up to
   // half in one run seen here, so one pair of files decides nothing. The
-  // two targets take turns going first.
+  // two targets take turns being written first (the first takes the
+  // memory the last round freed) and being measured first.
   std::vector<Cell> cells(p->ops.size() * p->qd.size());
   const size_t total = 2 * cells.size() * static_cast<size_t>(p->rounds);
   size_t done = 0;
@@ -212,7 +213,8 @@ absl::Status RunQd(Env& env, Report* report) {
     auto targets =
         env.device.empty()
             ? MakeFilledTargets(*env.scratch, env.progress, "qd", p->size,
-                                p->cluster, env.direct)
+                                p->cluster, env.direct,
+                                /*raw_first=*/round % 2 == 1)
             : MakeDeviceTargets(env.device, env.device_size, env.progress,
                                 p->size, p->cluster, env.direct);
     if (!targets.ok()) return targets.status();
