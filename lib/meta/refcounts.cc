@@ -135,20 +135,26 @@ void Refcounts::WriteEntry(uint8_t* block, uint64_t index,
   }
 }
 
-absl::StatusOr<uint64_t> Refcounts::Get(uint64_t cluster, bool may_defer) {
+absl::StatusOr<MetadataCache::Handle> Refcounts::BlockOf(uint64_t cluster,
+                                                         bool may_defer) {
   const uint64_t idx = cluster / block_entries_;
-  if (idx >= table_.size()) return 0;
+  if (idx >= table_.size()) return MetadataCache::Handle();
   const uint64_t e = table_[idx];
   if (e & ~kRefTableOffsetMask) {
     return Corrupt(absl::StrFormat(
         "refcount table entry %d (0x%x) has reserved bits set", idx, e));
   }
-  if (e == 0) return 0;
+  if (e == 0) return MetadataCache::Handle();
   if ((e & (cluster_size_ - 1)) != 0 || e >= kMaxHostOffset) {
     return Corrupt(absl::StrFormat(
         "refcount block offset 0x%x in table entry %d is invalid", e, idx));
   }
-  ASSIGN_OR_RETURN(MetadataCache::Handle block, cache_.Get(e, may_defer));
+  return cache_.Get(e, may_defer);
+}
+
+absl::StatusOr<uint64_t> Refcounts::Get(uint64_t cluster, bool may_defer) {
+  ASSIGN_OR_RETURN(MetadataCache::Handle block, BlockOf(cluster, may_defer));
+  if (block == nullptr) return 0;
   return ReadEntry(block->data.data(), cluster % block_entries_);
 }
 
@@ -368,8 +374,10 @@ absl::Status Refcounts::Update(uint64_t offset, uint64_t len, int64_t delta) {
           "refcount of cluster 0x%x would drop below zero (no refcount block)",
           c << cluster_bits_));
     }
-    ASSIGN_OR_RETURN(uint64_t cur, Get(c));  // validates the table entry
-    ASSIGN_OR_RETURN(MetadataCache::Handle block, cache_.Get(table_[idx]));
+    // Validates the table entry; one cache look-up for the read and the
+    // write of the count.
+    ASSIGN_OR_RETURN(MetadataCache::Handle block, BlockOf(c));
+    const uint64_t cur = ReadEntry(block->data.data(), c % block_entries_);
     uint64_t next;
     if (delta < 0 && cur < static_cast<uint64_t>(-delta)) {
       return Corrupt(absl::StrFormat(

@@ -135,6 +135,10 @@ class Refcounts {
   }
 
  private:
+  // The cached refcount block that counts `cluster`, its table entry
+  // validated; a null handle when no block is allocated for it.
+  absl::StatusOr<MetadataCache::Handle> BlockOf(uint64_t cluster,
+                                                bool may_defer = false);
   uint64_t ReadEntry(const uint8_t* block, uint64_t index) const;
   void WriteEntry(uint8_t* block, uint64_t index, uint64_t value) const;
   absl::StatusOr<uint64_t> FindFree(uint64_t n);
