@@ -14,9 +14,9 @@ using internal::Request;
 
 namespace {
 
-std::unique_ptr<Request> NewRequest(Request::Kind kind, uint64_t offset,
-                                    uint64_t len) {
-  auto r = std::make_unique<Request>();
+std::unique_ptr<Request> NewRequest(internal::QueueImpl* q, Request::Kind kind,
+                                    uint64_t offset, uint64_t len) {
+  std::unique_ptr<Request> r = q->NewRequest();
   r->kind = kind;
   r->offset = offset;
   r->len = len;
@@ -31,7 +31,7 @@ Queue::~Queue() = default;
 
 absl::Status Queue::SubmitRead(uint64_t offset, absl::Span<uint8_t> buf,
                                Completion done) {
-  auto r = NewRequest(Request::Kind::kRead, offset, buf.size());
+  auto r = NewRequest(impl_.get(), Request::Kind::kRead, offset, buf.size());
   r->rbuf = buf.data();
   r->done = std::move(done);
   return impl_->Submit(std::move(r));
@@ -39,7 +39,7 @@ absl::Status Queue::SubmitRead(uint64_t offset, absl::Span<uint8_t> buf,
 
 absl::Status Queue::SubmitWrite(uint64_t offset, absl::Span<const uint8_t> data,
                                 Completion done) {
-  auto r = NewRequest(Request::Kind::kWrite, offset, data.size());
+  auto r = NewRequest(impl_.get(), Request::Kind::kWrite, offset, data.size());
   r->wbuf = data.data();
   r->done = std::move(done);
   return impl_->Submit(std::move(r));
@@ -48,7 +48,7 @@ absl::Status Queue::SubmitWrite(uint64_t offset, absl::Span<const uint8_t> data,
 absl::Status Queue::SubmitWriteCompressed(uint64_t offset,
                                           absl::Span<const uint8_t> data,
                                           Completion done) {
-  auto r = NewRequest(Request::Kind::kWrite, offset, data.size());
+  auto r = NewRequest(impl_.get(), Request::Kind::kWrite, offset, data.size());
   r->wbuf = data.data();
   r->compressed = true;
   if (absl::Status s = impl_->engine()->PrepareCompressed(r.get()); !s.ok()) {
@@ -106,7 +106,7 @@ absl::Status ScatterRequest(Request* r, uint64_t offset,
 
 absl::Status Queue::SubmitReadv(uint64_t offset, absl::Span<const iovec> iov,
                                 Completion done) {
-  auto r = std::make_unique<Request>();
+  auto r = impl_->NewRequest();
   r->kind = Request::Kind::kRead;
   if (absl::Status s = ScatterRequest(r.get(), offset, iov); !s.ok()) {
     return s;
@@ -117,7 +117,7 @@ absl::Status Queue::SubmitReadv(uint64_t offset, absl::Span<const iovec> iov,
 
 absl::Status Queue::SubmitWritev(uint64_t offset, absl::Span<const iovec> iov,
                                  Completion done) {
-  auto r = std::make_unique<Request>();
+  auto r = impl_->NewRequest();
   r->kind = Request::Kind::kWrite;
   if (absl::Status s = ScatterRequest(r.get(), offset, iov); !s.ok()) {
     return s;
@@ -128,7 +128,7 @@ absl::Status Queue::SubmitWritev(uint64_t offset, absl::Span<const iovec> iov,
 
 absl::Status Queue::SubmitWriteZeroes(uint64_t offset, uint64_t len,
                                       bool unmap, Completion done) {
-  auto r = NewRequest(Request::Kind::kWriteZeroes, offset, len);
+  auto r = NewRequest(impl_.get(), Request::Kind::kWriteZeroes, offset, len);
   r->unmap = unmap;
   r->done = std::move(done);
   return impl_->Submit(std::move(r));
@@ -136,13 +136,13 @@ absl::Status Queue::SubmitWriteZeroes(uint64_t offset, uint64_t len,
 
 absl::Status Queue::SubmitDiscard(uint64_t offset, uint64_t len,
                                   Completion done) {
-  auto r = NewRequest(Request::Kind::kDiscard, offset, len);
+  auto r = NewRequest(impl_.get(), Request::Kind::kDiscard, offset, len);
   r->done = std::move(done);
   return impl_->Submit(std::move(r));
 }
 
 absl::Status Queue::SubmitFlush(Completion done) {
-  auto r = std::make_unique<Request>();
+  auto r = impl_->NewRequest();
   r->kind = Request::Kind::kFlush;
   r->done = std::move(done);
   return impl_->Submit(std::move(r));

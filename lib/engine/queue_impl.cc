@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -115,6 +116,7 @@ QueueImpl::~QueueImpl() {
     while (event_armed_) ReapOne(true);
     io_uring_queue_exit(&ring_);
   }
+  for (Request* r : spare_) delete r;
   if (event_fd_ >= 0) ::close(event_fd_);
   if (const int fd = notify_fd_.load(); fd >= 0) ::close(fd);
   engine_->stats().Unregister(this);
@@ -465,11 +467,29 @@ int QueueImpl::RunCallbacks() {
     done_.pop_front();
     Completion cb = std::move(r->done);
     absl::Status s = std::move(r->status);
-    delete r;
+    Recycle(r);
     --in_flight_;
     if (cb) cb(std::move(s));
   }
   return n;
+}
+
+std::unique_ptr<Request> QueueImpl::NewRequest() {
+  if (spare_.empty()) return std::make_unique<Request>();
+  Request* r = spare_.back();
+  spare_.pop_back();
+  return std::unique_ptr<Request>(r);
+}
+
+void QueueImpl::Recycle(Request* r) {
+  if (spare_.size() >= static_cast<size_t>(depth_)) {
+    delete r;
+    return;
+  }
+  // A fresh object in the same memory: nothing of r survives.
+  r->~Request();
+  new (r) Request();
+  spare_.push_back(r);
 }
 
 }  // namespace qcow2::internal

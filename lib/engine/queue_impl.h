@@ -37,6 +37,9 @@ class QueueImpl final : public Executor,
   int depth() const { return depth_; }
   int in_flight() const { return in_flight_; }
 
+  // A new request, default-initialised, in the memory of one this queue
+  // finished (no allocation of the large Request per submit), or new.
+  std::unique_ptr<Request> NewRequest();
   absl::Status Submit(std::unique_ptr<Request> r);
   Engine* engine() const { return engine_; }
   int Poll(int min_complete);
@@ -69,6 +72,9 @@ class QueueImpl final : public Executor,
   // last one in flight.
   void OpDone(Request* r);
   int RunCallbacks();
+  // r is finished and its callback taken: destroyed, its memory kept for
+  // NewRequest (up to the queue's depth) or freed.
+  void Recycle(Request* r);
   // Submits the ops prepared on the ring (and the backlog, as far as it
   // fits) to the kernel.
   void PushToKernel();
@@ -94,6 +100,8 @@ class QueueImpl final : public Executor,
   int in_flight_ = 0;          // submitted, callback not yet run
   std::deque<IoOp*> backlog_;  // ops waiting for a free SQE
   std::deque<Request*> done_;
+  // Finished requests' memory, each holding a default-initialised Request.
+  std::vector<Request*> spare_;
   Mutex wake_mu_;
   // Requests whose wait ended, to plan again on the polling thread.
   std::vector<Request*> woken_ ABSL_GUARDED_BY(wake_mu_);
