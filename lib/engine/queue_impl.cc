@@ -474,6 +474,22 @@ int QueueImpl::RunCallbacks() {
   return n;
 }
 
+namespace {
+// Under AddressSanitizer every request is freed, so that a use after its
+// end is caught rather than read from a reused object.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr int kReuseRequests = 0;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr int kReuseRequests = 0;
+#else
+constexpr int kReuseRequests = 1;
+#endif
+#else
+constexpr int kReuseRequests = 1;
+#endif
+}  // namespace
+
 std::unique_ptr<Request> QueueImpl::NewRequest() {
   if (spare_.empty()) return std::make_unique<Request>();
   Request* r = spare_.back();
@@ -482,7 +498,7 @@ std::unique_ptr<Request> QueueImpl::NewRequest() {
 }
 
 void QueueImpl::Recycle(Request* r) {
-  if (spare_.size() >= static_cast<size_t>(depth_)) {
+  if (kReuseRequests == 0 || spare_.size() >= static_cast<size_t>(depth_)) {
     delete r;
     return;
   }
