@@ -12,7 +12,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "lib/base/status_macros.h"
-#include "lib/io/forwarding_file.h"
 
 namespace qcow2::tool {
 
@@ -250,21 +249,17 @@ absl::StatusOr<uint64_t> AllocatedFileSize(const std::string& path) {
 
 namespace {
 
-// cache=unsafe: a file whose flushes make nothing durable (QEMU's
-// cache.no-flush). Writes still reach the kernel in the library's order.
-class NoFlushFile final : public internal::ForwardingFile {
- public:
-  using ForwardingFile::ForwardingFile;
-  absl::Status Flush() override { return absl::OkStatus(); }
-};
-
+// cache=unsafe: files whose flushes make nothing durable (QEMU's
+// cache.no-flush), opened by the library itself (FileOptions::no_flush),
+// so that a Queue still sends their writes through io_uring. Writes reach
+// the kernel in the library's order.
 class NoFlushOpener final : public FileOpener {
  public:
   absl::StatusOr<std::unique_ptr<File>> Open(
       const std::string& path, const FileOptions& opts) override {
-    ASSIGN_OR_RETURN(std::unique_ptr<File> f,
-                     DefaultFileOpener()->Open(path, opts));
-    return std::unique_ptr<File>(std::make_unique<NoFlushFile>(std::move(f)));
+    FileOptions fo = opts;
+    fo.no_flush = true;
+    return DefaultFileOpener()->Open(path, fo);
   }
 };
 

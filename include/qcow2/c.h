@@ -107,6 +107,8 @@ QCOW2_EXPORT qcow2_image_t* qcow2_image_open(const char* path, int read_write,
  *   force-share=on|off   read-only only: open even while another process
  *                        writes the image (qemu-img -U); default off
  *   locking=on|off       take QEMU's image locks (default on)
+ *   no-flush=on|off      flushes make nothing durable (qemu-img -t unsafe);
+ *                        default off
  *   max-chain=N          deepest backing chain accepted
  * An unknown key or bad value fails with -EINVAL naming it. */
 QCOW2_EXPORT qcow2_image_t* qcow2_image_open_opts(const char* path,

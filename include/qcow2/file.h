@@ -111,6 +111,12 @@ struct FileOptions {
   // in (qemu-img -U). The reader may then see a torn, changing image.
   // Default: false.
   bool force_share = false;
+  // Flush() returns at once and makes nothing durable: QEMU's
+  // cache.no-flush (qemu-img -t unsafe), for an image whose result is
+  // synced or thrown away as a whole, such as a conversion's target.
+  // Reads and writes are as without it (a Queue still sends them through
+  // io_uring). Default: false.
+  bool no_flush = false;
 };
 
 // Opens a file with pread/pwrite/fdatasync, and locks it as `opts.lock`

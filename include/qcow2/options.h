@@ -75,6 +75,13 @@ struct OpenOptions {
   // fails with kInvalidArgument. Default: false.
   bool force_share = false;
 
+  // Flushes of the top image make nothing durable (FileOptions::no_flush,
+  // QEMU's cache.no-flush, qemu-img -t unsafe): for a scratch image, or a
+  // conversion whose target is synced or discarded as a whole. A power cut
+  // may lose or tear anything written since the image was opened.
+  // Default: false.
+  bool no_flush = false;
+
   // Opens the files. nullptr means DefaultFileOpener(). Not owned; must
   // outlive the image.
   FileOpener* opener = nullptr;

@@ -244,6 +244,9 @@ absl::Status ApplyOpenOption(absl::string_view key, absl::string_view v,
   } else if (key == "force-share") {
     if (!ParseSwitch(v, &b)) return BadValue(key, v, "on or off");
     o->force_share = b;
+  } else if (key == "no-flush") {
+    if (!ParseSwitch(v, &b)) return BadValue(key, v, "on or off");
+    o->no_flush = b;
   } else if (key == "locking") {
     if (!ParseSwitch(v, &b)) return BadValue(key, v, "on or off");
     o->lock = b;
@@ -257,7 +260,7 @@ absl::Status ApplyOpenOption(absl::string_view key, absl::string_view v,
         "unknown option '", key,
         "' (known: read-only, format, direct, cache-size, "
         "refcount-cache-size, backing, backing-root, force-share, locking, "
-        "max-chain)"));
+        "no-flush, max-chain)"));
   }
   return absl::OkStatus();
 }

@@ -45,6 +45,7 @@ absl::StatusOr<std::unique_ptr<Image>> Image::Open(const std::string& path,
   fo.direct = opts.direct_io;
   fo.lock = opts.lock;
   fo.force_share = opts.force_share;
+  fo.no_flush = opts.no_flush;
   ASSIGN_OR_RETURN(std::unique_ptr<File> file, opener->Open(path, fo));
   return Open(std::move(file), opts);
 }

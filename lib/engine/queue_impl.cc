@@ -284,7 +284,9 @@ void QueueImpl::Issue(Request* r, IoOp* op, OpType type) {
   op->fd = -1;
   if (ring_ok_) {
     if (auto* pf = dynamic_cast<PosixFile*>(Unwrapped(op->file))) {
-      if (type == OpType::kFlush || AlignedFor(*op, pf->alignment())) {
+      // A no-flush file's flush is done at once, below.
+      if (type == OpType::kFlush ? !pf->no_flush()
+                                 : AlignedFor(*op, pf->alignment())) {
         op->fd = pf->fd();
       }
     }

@@ -87,10 +87,12 @@ std::optional<uint64_t> DeviceSize(int fd) {
 
 }  // namespace
 
-PosixFile::PosixFile(int fd, std::string name, uint32_t alignment)
+PosixFile::PosixFile(int fd, std::string name, uint32_t alignment,
+                     bool no_flush)
     : fd_(fd),
       name_(std::move(name)),
       alignment_(alignment),
+      no_flush_(no_flush),
       page_cache_only_(OnPageCacheOnlyFileSystem(fd)),
       device_size_(DeviceSize(fd)) {}
 
@@ -246,6 +248,7 @@ absl::Status PosixFile::WriteAt(uint64_t offset,
 }
 
 absl::Status PosixFile::Flush() {
+  if (no_flush_) return absl::OkStatus();
   while (::fdatasync(fd_) != 0) {
     if (errno == EINTR) continue;
     return ErrnoError(errno, "fdatasync of", name_);
@@ -451,7 +454,7 @@ absl::StatusOr<std::unique_ptr<File>> OpenPosixFile(const std::string& path,
     }
     alignment = *a;
   }
-  return std::unique_ptr<File>(new internal::PosixFile(fd, path, alignment));
+  return std::unique_ptr<File>(new internal::PosixFile(fd, path, alignment, opts.no_flush));
 }
 
 namespace {

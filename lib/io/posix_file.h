@@ -43,7 +43,9 @@ absl::StatusOr<uint32_t> ProbeDirectAlignment(int fd);
 class PosixFile : public File {
  public:
   // Takes ownership of `fd` (a regular file or a block device).
-  PosixFile(int fd, std::string name, uint32_t alignment);
+  // `no_flush`: Flush() does nothing (FileOptions::no_flush).
+  PosixFile(int fd, std::string name, uint32_t alignment,
+            bool no_flush = false);
   ~PosixFile() override;
 
   absl::Status ReadAt(uint64_t offset, absl::Span<uint8_t> buf) override;
@@ -71,6 +73,8 @@ class PosixFile : public File {
   const std::string& name() const override { return name_; }
   uint32_t alignment() const override { return alignment_; }
   int fd() const { return fd_; }
+  // Flush() makes nothing durable: the io_uring executor skips it too.
+  bool no_flush() const { return no_flush_; }
   // The error of a failed call (`what`: "write at 4096") on this file, as
   // ErrnoError gives it; ENOSPC on a device names the device's size. For
   // the io_uring executor, whose calls fail outside this class.
@@ -96,6 +100,7 @@ class PosixFile : public File {
   const int fd_;
   const std::string name_;
   const uint32_t alignment_;
+  const bool no_flush_;
   const bool page_cache_only_;  // tmpfs or ramfs
   // Set for a block device: its size (BLKGETSIZE64), which never changes.
   const std::optional<uint64_t> device_size_;
