@@ -4,7 +4,7 @@
 // when compressing), each read by one of N workers (-m) and written to the
 // target in guest order (so that its clusters are allocated in order, as
 // qemu-img's), the clusters that do not compress found beforehand by the
-// workers; with -W and -c each worker compresses and writes its own at
+// workers; with -W each worker writes (compresses) its own chunks at
 // once; zero runs of data found by sparse detection (-S) are left out (a target
 // that reads as zeros) or written as zeros, ranges the target's backing
 // file provides (-B) are left alone.
@@ -54,7 +54,8 @@ struct CopyOptions {
   bool compressed = false;
   uint64_t cluster_size = 65536;
   CompressionType compression_type = CompressionType::kZlib;
-  // -m and -W (out of order: only compressed copies write out of order).
+  // -m and -W (out of order: each worker writes the chunks it read at
+  // once).
   int workers = 8;
   bool out_of_order = false;
   // Called with each finished chunk's share of the disk, in percent,
