@@ -470,23 +470,29 @@ TEST_F(NbdTest, ClientKilledMidWriteLeavesImageConsistent) {
   ExpectClean(top);
 }
 
-// --fork --pid-file: the command returns once the socket listens; the pid
-// file names the server, which SIGTERM stops.
+// --fork --pid-file: the command returns once the socket listens and the
+// pid file names the server (nbdkit's daemon writes it after its first
+// process has exited: the command waits for it, and a stale file from an
+// earlier server is not taken for it), which SIGTERM stops.
 TEST_F(NbdTest, ForkWithPidFile) {
   TempDir dir;
   const std::string top = BuildChain(dir);
   const std::string sock = dir.File("fork.sock");
   const std::string pid_file = dir.File("serve.pid");
+  ASSERT_OK(testing::WriteFileBytes(pid_file, {'1', '\n'}));
   CommandResult r = Cmd({testing::QcowtoolPath(), "serve", "--fork",
                          "--pid-file", pid_file, "--socket", sock, top});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(CanConnect(sock));
   auto bytes = testing::ReadFileBytes(pid_file);
-  ASSERT_TRUE(bytes.ok());
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
   int pid = 0;
   ASSERT_TRUE(absl::SimpleAtoi(
       absl::StripAsciiWhitespace(std::string(bytes->begin(), bytes->end())),
       &pid));
+  auto comm = testing::ReadFileBytes(absl::StrCat("/proc/", pid, "/comm"));
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  EXPECT_EQ(std::string(comm->begin(), comm->end()), "nbdkit\n");
   CommandResult w = Cmd({"qemu-io", "-f", "raw", "-c", "write -P 9 0 64k",
                          Uri(sock)});
   EXPECT_EQ(w.exit_code, 0) << w.err;

@@ -5,14 +5,22 @@
 // The image is opened once here with the same options, so a missing file,
 // a malformed image or a lock held by another writer is reported the
 // qcowtool way (exit 2) before nbdkit starts; then qcowtool execs nbdkit,
-// whose process opens, serves and locks the image until it exits.
+// whose process opens, serves and locks the image until it exits. With
+// --fork and --pid-file, nbdkit runs as a child instead, and qcowtool
+// returns once the pid file is written: nbdkit's first process exits as
+// soon as its daemon is forked, before the daemon writes the file.
 #include <getopt.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -275,6 +283,57 @@ absl::Status CheckOpens(const ServeArgs& a) {
   return (*image)->Close();
 }
 
+// Whether `path` holds a whole pid line (nbdkit writes "PID\n" after
+// truncating the file).
+bool PidFileWritten(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  if (!std::getline(in, line) || in.eof()) return false;
+  int pid = 0;
+  return absl::SimpleAtoi(line, &pid) && pid > 0;
+}
+
+// --fork --pid-file: runs nbdkit as a child, waits for it (its first
+// process exits once the daemon is forked), then for the daemon's pid
+// file. Returns the exit code.
+int ForkAndWaitForPidFile(const ServeArgs& a, char** argv) {
+  // A stale file from an earlier server must not be taken for this one's.
+  if (::unlink(a.pid_file.c_str()) != 0 && errno != ENOENT) {
+    return ReportError(absl::ErrnoToStatus(
+        errno, absl::StrCat("cannot remove the old pid file ", a.pid_file)));
+  }
+  const pid_t child = ::fork();
+  if (child < 0) {
+    return ReportError(absl::ErrnoToStatus(errno, "fork"));
+  }
+  if (child == 0) {
+    ::execvp(argv[0], argv);
+    std::fprintf(stderr, "qcowtool: running %s: %s (install nbdkit, or name "
+                 "it in QCOWTOOL_NBDKIT)\n", argv[0], std::strerror(errno));
+    ::_exit(kExitImageError);
+  }
+  int status = 0;
+  while (::waitpid(child, &status, 0) < 0) {
+    if (errno != EINTR) {
+      return ReportError(absl::ErrnoToStatus(errno, "waiting for nbdkit"));
+    }
+  }
+  if (!WIFEXITED(status)) return kExitImageError;
+  if (WEXITSTATUS(status) != 0) return WEXITSTATUS(status);
+  // The daemon has bound its socket already; the file follows at once.
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!PidFileWritten(a.pid_file)) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      return ReportError(absl::DeadlineExceededError(absl::StrCat(
+          "nbdkit did not write its pid file ", a.pid_file,
+          " within 30 seconds")));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 int RunServe(int argc, char** argv) {
@@ -285,6 +344,9 @@ int RunServe(int argc, char** argv) {
   std::vector<char*> cargv;
   for (std::string& arg : nbdkit) cargv.push_back(arg.data());
   cargv.push_back(nullptr);
+  if (args.fork && !args.pid_file.empty()) {
+    return ForkAndWaitForPidFile(args, cargv.data());
+  }
   ::execvp(cargv[0], cargv.data());
   const int err = errno;
   return ReportError(absl::ErrnoToStatus(

@@ -454,7 +454,8 @@ absl::StatusOr<std::unique_ptr<File>> OpenPosixFile(const std::string& path,
     }
     alignment = *a;
   }
-  return std::unique_ptr<File>(new internal::PosixFile(fd, path, alignment, opts.no_flush));
+  return std::unique_ptr<File>(
+      new internal::PosixFile(fd, path, alignment, opts.no_flush));
 }
 
 namespace {
