@@ -30,10 +30,12 @@ constexpr uint64_t kSize = 4 << 20;
 constexpr int kWrites = 64;
 constexpr size_t kBlock = 4096;
 
-// The process's write system calls so far (/proc/self/io's syscw: write,
-// pwrite and their vectored forms; io_uring's writes are not counted).
+// The calling thread's write system calls so far (/proc/thread-self/io's
+// syscw: write, pwrite and their vectored forms; io_uring's writes,
+// made in the kernel, are not counted). A queue's synchronous fallback
+// runs on the thread that submits and polls.
 uint64_t WriteSyscalls() {
-  std::ifstream io("/proc/self/io");
+  std::ifstream io("/proc/thread-self/io");
   std::string key;
   uint64_t value = 0;
   while (io >> key >> value) {
@@ -142,7 +144,9 @@ TEST(NoFlushTest, QueueWritesGoThroughTheRing) {
       GTEST_SKIP() << "io_uring is not available here";
     }
     probe->reset();
-    EXPECT_EQ(WriteThroughQueue(*img, 1), 0u);
+    // None expected; a few allowed for a runtime's own (AddressSanitizer
+    // made 3 calls once), far below one per write.
+    EXPECT_LT(WriteThroughQueue(*img, 1), static_cast<uint64_t>(kWrites / 8));
     ASSERT_OK(img->Close());
   }
   ExpectBlocks(path, 1);
