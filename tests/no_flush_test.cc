@@ -79,7 +79,7 @@ TEST(NoFlushTest, OpenPosixFilePassesTheOption) {
 }
 
 // Writes kWrites blocks through a queue, then flushes; returns the write
-// system calls the process made meanwhile. The file must read back.
+// system calls the calling thread made meanwhile.
 uint64_t WriteThroughQueue(Image& img, uint8_t seed) {
   auto queue = img.CreateQueue();
   EXPECT_TRUE(queue.ok()) << queue.status();
