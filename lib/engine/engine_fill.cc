@@ -53,7 +53,7 @@ void Engine::PlanFill(Request* r, Qcow2Layer* top) {
     // Held from now on: later requests on the cluster wait for the fill.
     // Adjacent clusters share one hold.
     if (!r->fill.holds.empty() && r->fill.holds.back()->lock.last + 1 == first) {
-      r->fill.holds.back()->lock.last = last;
+      locks_.SetLast(r->fill.holds.back().get(), last);
       continue;
     }
     auto hold = std::make_unique<Request>();

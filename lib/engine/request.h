@@ -7,7 +7,6 @@
 #include <sys/uio.h>
 
 #include <cstdint>
-#include <list>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -65,9 +64,9 @@ struct RangeLock {
   bool preheld = false;
   bool granted = false;
   bool in_table = false;
-  // Where the request sits in the table's list while in_table (removal
-  // without a walk).
-  std::list<Request*>::iterator pos;
+  // Arrival number, given when the request enters the table: the order
+  // the table grants in.
+  uint64_t seq = 0;
 };
 
 // A metadata cache miss that planning deferred (MissDeferral): the
