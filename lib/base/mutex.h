@@ -10,6 +10,7 @@
 
 #include <condition_variable>
 #include <mutex>
+#include <thread>
 
 #include "absl/base/thread_annotations.h"
 
@@ -21,7 +22,19 @@ class ABSL_LOCKABLE Mutex {
   Mutex(const Mutex&) = delete;
   Mutex& operator=(const Mutex&) = delete;
 
-  void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { mu_.lock(); }
+  // Tries for a short while before it sleeps: the library's critical
+  // sections are short, and with many threads on few CPUs a waiter that
+  // goes to sleep at once costs two context switches, and a convoy forms
+  // behind the sleeper the holder wakes (256 NBD worker threads writing at
+  // once went from about 80k to 115k IOPS: docs/benchmarks.md). On one CPU
+  // the holder cannot run while we spin, so there it sleeps at once.
+  void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() {
+    for (int i = SpinLimit(); i > 0; --i) {
+      if (mu_.try_lock()) return;
+      Relax();
+    }
+    mu_.lock();
+  }
   void Unlock() ABSL_UNLOCK_FUNCTION() { mu_.unlock(); }
   // Tells the analysis the caller holds the lock where it cannot see it
   // (a callback run by a function that requires it). Checks nothing.
@@ -29,6 +42,17 @@ class ABSL_LOCKABLE Mutex {
 
  private:
   friend class CondVar;
+  static int SpinLimit() {
+    static const int limit = std::thread::hardware_concurrency() > 1 ? 100 : 0;
+    return limit;
+  }
+  static void Relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+  }
   std::mutex mu_;
 };
 
