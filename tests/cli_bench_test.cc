@@ -290,6 +290,34 @@ TEST(BenchCliTest, ScalingFlushInterval) {
   EXPECT_TRUE(DirEmpty(dir.path()));
 }
 
+// The median over rounds of a's IOPS over b's in the same round (upper
+// median for an even count), from the rows' round_iops.
+double MedianRoundRatio(const json::Value& a, const json::Value& b) {
+  const auto& x = a["round_iops"].array();
+  const auto& y = b["round_iops"].array();
+  EXPECT_EQ(x.size(), y.size());
+  std::vector<double> r;
+  for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
+    r.push_back(x[i].as_double() / y[i].as_double());
+  }
+  std::sort(r.begin(), r.end());
+  return r.empty() ? 0 : r[r.size() / 2];
+}
+
+// A row measured in `rounds` rounds: its IOPS is the median round's.
+void CheckRounds(const json::Value& row, size_t rounds) {
+  ASSERT_EQ(row["runs"].as_uint64(), rounds) << row.ToString();
+  std::vector<double> iops;
+  for (const json::Value& x : row["round_iops"].array()) {
+    iops.push_back(x.as_double());
+  }
+  ASSERT_EQ(iops.size(), rounds);
+  std::sort(iops.begin(), iops.end());
+  EXPECT_NEAR(Num(row, "iops"), iops[rounds / 2], 1e-5 * iops[rounds / 2]);
+  EXPECT_NEAR(Num(row, "iops_min"), iops.front(), 1e-5 * iops.front());
+  EXPECT_NEAR(Num(row, "iops_max"), iops.back(), 1e-5 * iops.back());
+}
+
 // The rmw rows: fresh overlays (standard and extended L2) and the
 // allocated image per size, then reads at depth 0 and N. The counters show
 // the copy-on-write each row implies; ratios point at the right baseline.
@@ -330,10 +358,22 @@ TEST(BenchCliTest, RmwRowsAndBaselines) {
     EXPECT_TRUE(alloc["ratio_vs_baseline"].is_null());
     EXPECT_EQ(alloc["cluster_allocations"].as_uint64(), 0u);
     EXPECT_GT(std_l2["cluster_allocations"].as_uint64(), 0u);
+    // Each write row is the median of three rounds; its ratios are the
+    // medians of the rounds' ratios, against the allocated image and (for
+    // the fresh overlays) the reserved raw file of the same round.
+    for (size_t i = first; i < first + kPerSize; ++i) CheckRounds(rows[i], 3);
     for (size_t i : {first, first + 1, first + 3, first + 4}) {
       EXPECT_NEAR(Num(rows[i], "ratio_vs_baseline"),
-                  iops_of(i) / iops_of(first + 2),
+                  MedianRoundRatio(rows[i], alloc),
                   1e-3 * Num(rows[i], "ratio_vs_baseline"));
+    }
+    for (size_t i : {first, first + 1}) {
+      EXPECT_NEAR(Num(rows[i], "ratio_vs_raw"),
+                  MedianRoundRatio(rows[i], reserved),
+                  1e-3 * Num(rows[i], "ratio_vs_raw"));
+    }
+    for (size_t i : {first + 2, first + 3, first + 4}) {
+      EXPECT_TRUE(rows[i]["ratio_vs_raw"].is_null()) << rows[i].ToString();
     }
     // 64 KiB writes cover whole clusters and 4 KiB ones whole subclusters:
     // no copy at all. Standard L2 with 4 KiB writes copies the rest of
@@ -363,19 +403,27 @@ TEST(BenchCliTest, RmwRowsAndBaselines) {
   EXPECT_NEAR(Num(rows[10], "cow_read_per_guest_byte"),
               (61440.0 + 32768) / (200 * 4096), 1e-9);
   EXPECT_EQ(Num(rows[11], "cow_read_per_guest_byte"), 0);
+  for (size_t i : {10u, 11u, 12u}) {
+    CheckRounds(rows[i], 3);
+    EXPECT_TRUE(rows[i]["ratio_vs_raw"].is_null()) << rows[i].ToString();
+  }
   for (size_t i : {10u, 11u}) {
-    EXPECT_NEAR(Num(rows[i], "ratio_vs_baseline"), iops_of(i) / iops_of(12),
+    EXPECT_NEAR(Num(rows[i], "ratio_vs_baseline"),
+                MedianRoundRatio(rows[i], rows[12]),
                 1e-3 * Num(rows[i], "ratio_vs_baseline"));
   }
   EXPECT_EQ(rows[13]["depth"].as_uint64(), 0u);
   EXPECT_EQ(rows[14]["depth"].as_uint64(), 3u);
   EXPECT_TRUE(rows[13]["ratio_vs_baseline"].is_null());
-  EXPECT_NEAR(Num(rows[14], "ratio_vs_baseline"), iops_of(14) / iops_of(13),
+  EXPECT_NEAR(Num(rows[14], "ratio_vs_baseline"),
+              MedianRoundRatio(rows[14], rows[13]),
               1e-3 * Num(rows[14], "ratio_vs_baseline"));
   // Each read row is the median of three rounds, inside their spread.
-  EXPECT_EQ(v["params"]["read_rounds"].as_uint64(), 3u);
+  EXPECT_EQ(v["params"]["rounds"].as_uint64(), 3u);
   for (size_t i : {13u, 14u}) {
     CheckRow(rows[i], "read");
+    CheckRounds(rows[i], 3);
+    EXPECT_TRUE(rows[i]["ratio_vs_raw"].is_null());
     EXPECT_EQ(rows[i]["runs"].as_uint64(), 3u);
     EXPECT_LE(Num(rows[i], "iops_min"), iops_of(i));
     EXPECT_GE(Num(rows[i], "iops_max"), iops_of(i));
@@ -545,6 +593,17 @@ TEST(BenchCliTest, QdAndRmwOnADevice) {
   for (const json::Value& row : v["rows"].array()) {
     if (row["target"].as_string() == "fresh overlay") {
       EXPECT_GT(row["cluster_allocations"].as_uint64(), 0u);
+    }
+  }
+  // One round: a fresh overlay's ratio to raw is its IOPS over the raw
+  // device's, in its size's group.
+  const auto& dev_rows = v["rows"].array();
+  for (size_t g = 0; g < 2; ++g) {
+    const json::Value& raw_dev = dev_rows[4 * g + 3];
+    for (size_t i = 4 * g; i < 4 * g + 2; ++i) {
+      EXPECT_NEAR(Num(dev_rows[i], "ratio_vs_raw"),
+                  Num(dev_rows[i], "iops") / Num(raw_dev, "iops"),
+                  1e-3 * Num(dev_rows[i], "ratio_vs_raw"));
     }
   }
   std::vector<uint8_t> head(1 << 20, 1);

@@ -39,6 +39,12 @@ class Value {
     for (const T& e : v) out.list_.push_back(Uint(static_cast<uint64_t>(e)));
     return out;
   }
+  static Value NumList(const std::vector<double>& v) {
+    Value out;
+    out.kind_ = Kind::kList;
+    for (double e : v) out.list_.push_back(Num(e));
+    return out;
+  }
   static Value Ratio(std::optional<double> v) {  // null when absent
     return v ? Num(*v) : Value();
   }

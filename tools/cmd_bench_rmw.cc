@@ -15,17 +15,22 @@
 //     L2) and into the allocated image: small writes that follow one
 //     another fill each new cluster with no copy (deferred copy-on-write);
 //   - 4 KiB random reads of the base alone (depth 0) and of the top of the
-//     stacked chain (depth N), in --repeat rounds of both (each round
-//     opens the images afresh, so a round pays for a cold chain again);
-//     each row is the median round, with the spread.
-// Each fresh-overlay and raw row is compared with the allocated row of its
-// size ("vs base": IOPS ratio), each deep read row with depth 0.
+//     stacked chain (depth N), each round opening the images afresh, so
+//     that a round pays for a cold chain again.
+// Each group (the random writes of one size, the sequential writes, the
+// reads) runs in --repeat rounds, the write cells in the reverse order in
+// odd rounds; a row is its cell's median round, with the spread. Each
+// fresh-overlay and raw row is compared with the allocated cell of its
+// round ("vs base"), each fresh overlay with the reserved raw file or the
+// raw device ("vs raw"), each deep read with depth 0: the median of the
+// rounds' IOPS ratios.
 // With --device, the written images are on the device instead: each fresh
 // overlay (its backing file, the base, stays in the scratch directory),
 // the allocated image (a qcow2 image there, written in full first), and
 // one "raw device" row in place of the two raw files.
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -50,7 +55,7 @@ struct Params {
   int depth = 32;
   uint64_t writes = kDefaultWrites;
   double read_seconds = kDefaultReadSeconds;
-  int read_rounds = 3;
+  int rounds = 3;  // of the write cells and of the reads
 };
 
 absl::StatusOr<Params> Resolve(const BenchOptions& o) {
@@ -67,7 +72,7 @@ absl::StatusOr<Params> Resolve(const BenchOptions& o) {
   p.depth = o.chain_depth.value_or(p.depth);
   p.writes = o.count.value_or(p.writes);
   p.read_seconds = o.seconds.value_or(p.read_seconds);
-  p.read_rounds = o.repeat.value_or(p.read_rounds);
+  p.rounds = o.repeat.value_or(p.rounds);
   for (uint64_t bs : p.bs) {
     if (bs > p.size) {
       return OptionError(absl::StrCat("--bs ", FormatBlockSize(bs),
@@ -138,26 +143,35 @@ absl::Status Measure(Env& env, Image& image, const Params& p, const Cell& c,
   return absl::OkStatus();
 }
 
-// The IOPS of the row that `row` is compared with: the allocated row of
-// its size for writes, depth 0 for reads.
-std::optional<double> BaselineIops(const std::vector<Record>& rows,
-                                   const Record& row) {
-  const std::string op = row.Find("op")->str();
-  const double bs = row.Find("bs")->number();
-  const std::string pattern = row.Find("pattern")->str();
-  for (const Record& o : rows) {
-    if (o.Find("op")->str() != op || o.Find("bs")->number() != bs ||
-        o.Find("pattern")->str() != pattern) {
-      continue;
-    }
-    const std::string t = o.Find("target")->str();
-    if ((op == "write" && t == "allocated") ||
-        (op == "read" && o.Find("depth")->number() == 0)) {
-      if (&o == &row) return std::nullopt;
-      return o.Find("iops")->number();
-    }
+// The median of `runs` (one per round, in round order) by IOPS, with
+// their number, spread and every round's IOPS.
+Record MedianRun(std::vector<Record> runs) {
+  std::vector<double> iops;
+  for (const Record& r : runs) iops.push_back(r.Find("iops")->number());
+  std::sort(runs.begin(), runs.end(), [](const Record& a, const Record& b) {
+    return a.Find("iops")->number() < b.Find("iops")->number();
+  });
+  Record row = runs[runs.size() / 2];
+  row.Set("runs", Value::Uint(runs.size()))
+      .Set("iops_min", Value::Num(runs.front().Find("iops")->number()))
+      .Set("iops_max", Value::Num(runs.back().Find("iops")->number()))
+      .Set("round_iops", Value::NumList(iops));
+  return row;
+}
+
+// The median over rounds of a's IOPS over b's in the same round (a and b
+// hold one row per round, in round order).
+std::optional<double> MedianRatio(const std::vector<Record>& a,
+                                  const std::vector<Record>& b) {
+  std::vector<double> r;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    const std::optional<double> x =
+        Ratio(a[i].Find("iops")->number(), b[i].Find("iops")->number());
+    if (x) r.push_back(*x);
   }
-  return std::nullopt;
+  if (r.empty()) return std::nullopt;
+  std::sort(r.begin(), r.end());
+  return r[r.size() / 2];
 }
 
 // Creates the base and the stacked chain; returns the top's path at each
@@ -209,7 +223,7 @@ absl::Status RunRmw(Env& env, Report* report) {
       .Set("depth", Value::Uint(p->depth))
       .Set("writes", Value::Uint(p->writes))
       .Set("read_seconds", Value::Num(p->read_seconds))
-      .Set("read_rounds", Value::Uint(p->read_rounds));
+      .Set("rounds", Value::Uint(p->rounds));
 
   auto paths = BuildChain(env, *p);
   if (!paths.ok()) return paths.status();
@@ -219,7 +233,7 @@ absl::Status RunRmw(Env& env, Report* report) {
   // (on a device: the device).
   const bool on_device = !env.device.empty();
   const size_t total =
-      p->bs.size() * (on_device ? 4 : 5) + 3 + 2 * p->read_rounds;
+      (p->bs.size() * (on_device ? 4 : 5) + 3 + 2) * p->rounds;
   size_t done = 0;
   auto label = [&](const Cell& c) {
     return absl::StrFormat(
@@ -230,7 +244,7 @@ absl::Status RunRmw(Env& env, Report* report) {
   };
   std::string engine;
   // Writes into a new overlay over the base, deleted afterwards.
-  auto fresh_cell = [&](const Cell& c) -> absl::Status {
+  auto fresh_cell = [&](const Cell& c, uint64_t seed) -> absl::Status {
     CreateOptions fresh;
     fresh.cluster_size = p->cluster;
     fresh.extended_l2 = *c.extended_l2;
@@ -243,8 +257,7 @@ absl::Status RunRmw(Env& env, Report* report) {
     auto image = CreateBenchImage(path, fresh, env.direct);
     if (!image.ok()) return image.status();
     if (engine.empty()) engine = EngineName(**image);
-    absl::Status s = Measure(env, **image, *p, c, label(c),
-                             env.opts.seed + report->rows.size(), report);
+    absl::Status s = Measure(env, **image, *p, c, label(c), seed, report);
     if (s.ok()) s = (*image)->Close();
     image->reset();
     if (s.ok() && !on_device) s = env.scratch->Remove(path);
@@ -253,7 +266,7 @@ absl::Status RunRmw(Env& env, Report* report) {
   // The base is written everywhere: every write lands in its own cluster.
   // (Its contents change; later cells do not depend on them.) On a device:
   // a qcow2 image there, written in full first.
-  auto allocated_cell = [&](const Cell& c) -> absl::Status {
+  auto allocated_cell = [&](const Cell& c, uint64_t seed) -> absl::Status {
     absl::StatusOr<std::unique_ptr<Image>> image;
     if (on_device) {
       CreateOptions full;
@@ -271,73 +284,134 @@ absl::Status RunRmw(Env& env, Report* report) {
       image = OpenBenchImage(base_path, env.direct, true, "qcow2");
     }
     if (!image.ok()) return image.status();
-    absl::Status s = Measure(env, **image, *p, c, label(c),
-                             env.opts.seed + report->rows.size(), report);
+    absl::Status s = Measure(env, **image, *p, c, label(c), seed, report);
     if (s.ok()) s = (*image)->Close();
     return s;
   };
+  // A cell of a group, and how to measure it once (appending its row).
+  using CellRun = std::function<absl::Status(const Cell&, uint64_t seed)>;
+  struct GroupCell {
+    Cell cell;
+    CellRun run;
+  };
+  const CellRun fresh = [&](const Cell& c, uint64_t seed) {
+    return fresh_cell(c, seed);
+  };
+  const CellRun allocated = [&](const Cell& c, uint64_t seed) {
+    return allocated_cell(c, seed);
+  };
+  auto add = [](std::vector<GroupCell>* g, const Cell& c, CellRun run) {
+    GroupCell gc;
+    gc.cell = c;
+    gc.run = std::move(run);
+    g->push_back(std::move(gc));
+  };
+  std::vector<std::vector<GroupCell>> groups;
   for (uint64_t bs : p->bs) {
+    std::vector<GroupCell> g;
     for (bool xl2 : {false, true}) {
-      if (absl::Status s = fresh_cell({"fresh overlay", Op::kWrite, bs, xl2});
-          !s.ok()) {
-        return s;
-      }
+      add(&g, {"fresh overlay", Op::kWrite, bs, xl2}, fresh);
     }
-    if (absl::Status s =
-            allocated_cell({"allocated", Op::kWrite, bs, std::nullopt});
-        !s.ok()) {
-      return s;
-    }
+    add(&g, {"allocated", Op::kWrite, bs, std::nullopt}, allocated);
     if (on_device) {
       // No file system: the device itself, as raw, is the ceiling.
-      auto image = OpenBenchImage(env.device, env.direct, true, "raw");
-      if (!image.ok()) return image.status();
-      const Cell c{"raw device", Op::kWrite, bs, std::nullopt};
-      absl::Status s = Measure(env, **image, *p, c, label(c),
-                               env.opts.seed + report->rows.size(), report);
-      if (s.ok()) s = (*image)->Close();
-      if (!s.ok()) return s;
-      continue;
+      add(&g, {"raw device", Op::kWrite, bs, std::nullopt},
+          [&](const Cell& c, uint64_t seed) -> absl::Status {
+            auto image = OpenBenchImage(env.device, env.direct, true, "raw");
+            if (!image.ok()) return image.status();
+            absl::Status s =
+                Measure(env, **image, *p, c, label(c), seed, report);
+            if (s.ok()) s = (*image)->Close();
+            return s;
+          });
+    } else {
+      // What the file system charges for writing into blocks it has not
+      // written yet, with no qcow2 at all: a fresh sparse raw file, and
+      // one whose blocks are reserved with fallocate (unwritten extents),
+      // as an overlay reserves the room it grows into.
+      for (bool reserved : {false, true}) {
+        add(&g,
+            {reserved ? "reserved raw file" : "fresh raw file", Op::kWrite,
+             bs, std::nullopt},
+            [&, reserved](const Cell& c, uint64_t seed) -> absl::Status {
+              CreateOptions raw;
+              raw.format = ImageFormat::kRaw;
+              raw.size = p->size;
+              if (reserved) raw.preallocation = Preallocation::kFalloc;
+              const std::string raw_path = env.scratch->Path("fresh.raw");
+              auto image = CreateBenchImage(raw_path, raw, env.direct);
+              if (!image.ok()) return image.status();
+              absl::Status s =
+                  Measure(env, **image, *p, c, label(c), seed, report);
+              if (s.ok()) s = (*image)->Close();
+              image->reset();
+              if (s.ok()) s = env.scratch->Remove(raw_path);
+              return s;
+            });
+      }
     }
-    // What the file system charges for writing into blocks it has not
-    // written yet, with no qcow2 at all: a fresh sparse raw file, and one
-    // whose blocks are reserved with fallocate (unwritten extents), as an
-    // overlay reserves the room it grows into.
-    for (bool reserved : {false, true}) {
-      CreateOptions raw;
-      raw.format = ImageFormat::kRaw;
-      raw.size = p->size;
-      if (reserved) raw.preallocation = Preallocation::kFalloc;
-      const std::string raw_path = env.scratch->Path("fresh.raw");
-      auto image = CreateBenchImage(raw_path, raw, env.direct);
-      if (!image.ok()) return image.status();
-      const Cell c{reserved ? "reserved raw file" : "fresh raw file",
-                   Op::kWrite, bs, std::nullopt};
-      absl::Status s = Measure(env, **image, *p, c, label(c),
-                               env.opts.seed + report->rows.size(), report);
-      if (s.ok()) s = (*image)->Close();
-      image->reset();
-      if (s.ok()) s = env.scratch->Remove(raw_path);
-      if (!s.ok()) return s;
-    }
-  }
-  // Small sequential writes: with standard L2 entries each new cluster
-  // would otherwise be copied on its first write.
-  for (bool xl2 : {false, true}) {
-    Cell c{"fresh overlay", Op::kWrite, kReadSize, xl2};
-    c.sequential = true;
-    if (absl::Status s = fresh_cell(c); !s.ok()) return s;
+    groups.push_back(std::move(g));
   }
   {
+    // Small sequential writes: with standard L2 entries each new cluster
+    // would otherwise be copied on its first write.
+    std::vector<GroupCell> g;
+    for (bool xl2 : {false, true}) {
+      Cell c{"fresh overlay", Op::kWrite, kReadSize, xl2};
+      c.sequential = true;
+      add(&g, c, fresh);
+    }
     Cell c{"allocated", Op::kWrite, kReadSize, std::nullopt};
     c.sequential = true;
-    if (absl::Status s = allocated_cell(c); !s.ok()) return s;
+    add(&g, c, allocated);
+    groups.push_back(std::move(g));
+  }
+  // Each group in --repeat rounds, the cells in one order in even rounds
+  // and in the reverse order in odd ones (what runs first or last in a
+  // round, on a drifting machine, lands on every cell alike); all cells of
+  // a round write the same offsets. A row is the cell's median round by
+  // IOPS; its ratios are the medians of the rounds' ratios (each against
+  // the same round's allocated and raw cells), so a slow spell that hits
+  // one round moves its ratio once.
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    std::vector<GroupCell>& g = groups[gi];
+    std::vector<std::vector<Record>> runs(g.size());
+    for (int round = 0; round < p->rounds; ++round) {
+      const uint64_t seed = env.opts.seed + 1000 * (gi + 1) + round;
+      for (size_t k = 0; k < g.size(); ++k) {
+        const size_t i = round % 2 == 0 ? k : g.size() - 1 - k;
+        if (absl::Status s = g[i].run(g[i].cell, seed); !s.ok()) return s;
+        runs[i].push_back(std::move(report->rows.back()));
+        report->rows.pop_back();
+      }
+    }
+    auto index_of = [&](std::string_view target) -> std::optional<size_t> {
+      for (size_t i = 0; i < g.size(); ++i) {
+        if (g[i].cell.target == target) return i;
+      }
+      return std::nullopt;
+    };
+    const std::optional<size_t> alloc = index_of("allocated");
+    std::optional<size_t> raw = index_of("reserved raw file");
+    if (!raw) raw = index_of("raw device");
+    auto ratio = [&](size_t i, std::optional<size_t> j) {
+      return j && *j != i ? MedianRatio(runs[i], runs[*j]) : std::nullopt;
+    };
+    for (size_t i = 0; i < g.size(); ++i) {
+      Record row = MedianRun(runs[i]);
+      row.Set("ratio_vs_baseline", Value::Ratio(ratio(i, alloc)))
+          .Set("ratio_vs_raw",
+               Value::Ratio(g[i].cell.target == "fresh overlay"
+                                ? ratio(i, raw)
+                                : std::nullopt));
+      report->rows.push_back(std::move(row));
+    }
   }
   // Rounds of (depth 0, depth N), both reading the same offsets in a
   // round, so that a drift of the device lands on both alike.
   const uint64_t read_seed = env.opts.seed + report->rows.size();
   std::vector<Record> rounds[2];
-  for (int round = 0; round < p->read_rounds; ++round) {
+  for (int round = 0; round < p->rounds; ++round) {
     for (int i = 0; i < 2; ++i) {
       const int d = i == 0 ? 0 : p->depth;
       auto image = OpenBenchImage((*paths)[d], env.direct, false, "qcow2");
@@ -351,25 +425,19 @@ absl::Status RunRmw(Env& env, Report* report) {
       report->rows.pop_back();
     }
   }
-  for (std::vector<Record>& runs : rounds) {
-    std::sort(runs.begin(), runs.end(), [](const Record& a, const Record& b) {
-      return a.Find("iops")->number() < b.Find("iops")->number();
-    });
-    Record row = runs[runs.size() / 2];
-    row.Set("runs", Value::Uint(runs.size()))
-        .Set("iops_min", Value::Num(runs.front().Find("iops")->number()))
-        .Set("iops_max", Value::Num(runs.back().Find("iops")->number()));
-    report->rows.push_back(std::move(row));
+  const std::optional<double> deep = MedianRatio(rounds[1], rounds[0]);
+  report->rows.push_back(MedianRun(rounds[0]).Set("ratio_vs_baseline",
+                                                  Value::Ratio(std::nullopt)));
+  report->rows.push_back(
+      MedianRun(rounds[1]).Set("ratio_vs_baseline", Value::Ratio(deep)));
+  for (size_t i = report->rows.size() - 2; i < report->rows.size(); ++i) {
+    report->rows[i].Set("ratio_vs_raw", Value());
   }
   AddCommonParams(env.direct, engine, &report->params);
   report->params.Set("device",
                      on_device ? Value::Str(env.device) : Value());
 
   for (Record& row : report->rows) {
-    const std::optional<double> base = BaselineIops(report->rows, row);
-    row.Set("ratio_vs_baseline",
-            Value::Ratio(base ? Ratio(row.Find("iops")->number(), *base)
-                              : std::nullopt));
     Record human;
     for (const auto& [k, v] : row.members()) {
       if (k == "bs") {
@@ -396,6 +464,7 @@ absl::Status RunRmw(Env& env, Report* report) {
       {"IOPS", "iops", 0},
       {"MB/s", "mb_per_s", 1},
       {"vs base", "ratio_vs_baseline", 2},
+      {"vs raw", "ratio_vs_raw", 2},
       {"write amp", "write_amplification", 3},
       {"cow read/B", "cow_read_per_guest_byte", 3},
       {"allocs", "cluster_allocations", 0},
