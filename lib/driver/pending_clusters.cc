@@ -152,19 +152,21 @@ absl::Status PendingClusters::PlanPendingWrite(uint64_t cluster,
     }
     CountMetadata(&IoStats::cluster_allocations, 1);
     CountMetadata(&IoStats::cow_deferred, 1);
-    PendingCluster p;
+    it = pending_.try_emplace(cluster).first;  // built in place, not moved
+    PendingCluster& p = it->second;
     p.ref = std::move(ref);
     p.host = fresh;
     p.virgin = (fresh >> g.cluster_bits) >= end_before;
-    it = pending_.emplace(cluster, std::move(p)).first;
   }
   PendingCluster& p = it->second;
-  const uint64_t id = ++pending_write_ids_;
-  PendingWrite& w = p.in_flight.emplace_back(
-      PendingWrite{id, in_cluster, data.data(), data.size(), {}});
+  const uint64_t unit = in_cluster / kFineLockBytes;
+  PendingWrite& w = p.in_flight.emplace_back();
+  w.in_cluster = in_cluster;
+  w.data = data.data();
+  w.len = data.size();
   // Units this write covers first: uncovered again if it fails.
-  for (uint64_t u = in_cluster / kFineLockBytes;
-       u < (in_cluster + data.size()) / kFineLockBytes; ++u) {
+  for (uint64_t u = unit; u < (in_cluster + data.size()) / kFineLockBytes;
+       ++u) {
     if (TestBit(p.covered, u)) continue;
     p.covered[u / 64] |= uint64_t{1} << (u % 64);
     w.newly[u / 64] |= uint64_t{1} << (u % 64);
@@ -177,26 +179,30 @@ absl::Status PendingClusters::PlanPendingWrite(uint64_t cluster,
   op.guest_bytes = data.size();
   op.Add(data.data(), data.size());
   plan->writes.push_back(std::move(op));
-  plan->commits.push_back(
-      [this, cluster, id] { return FinishPendingWrite(cluster, id, true); });
-  plan->aborts.push_back([this, cluster, id] {
-    FinishPendingWrite(cluster, id, false).IgnoreError();
-  });
+  // Two words of capture, so that neither closure allocates.
+  const uint64_t key = WriteKey(cluster, unit);
+  plan->commits.push_back([this, key] { return FinishPendingWrite(key, true); });
+  plan->aborts.push_back(
+      [this, key] { FinishPendingWrite(key, false).IgnoreError(); });
   return absl::OkStatus();
 }
 
-absl::Status PendingClusters::FinishPendingWrite(uint64_t cluster,
-                                                 uint64_t id, bool ok) {
+absl::Status PendingClusters::FinishPendingWrite(uint64_t key, bool ok) {
+  const uint64_t cluster = key >> kUnitKeyBits;
+  const uint64_t unit = key & ((1u << kUnitKeyBits) - 1);
   auto it = pending_.find(cluster);
   // Gone: committed by a flush meanwhile (which wrote this write's bytes
-  // too), or dropped when the image was marked corrupt.
+  // too), or dropped when the image was marked corrupt. It cannot have
+  // become pending again since: that takes an L2 entry of 0 again, so a
+  // discard or write-zeroes of the whole cluster, which waits for this
+  // write's bytes.
   if (it == pending_.end()) return absl::OkStatus();
   PendingCluster& p = it->second;
   auto w = std::find_if(p.in_flight.begin(), p.in_flight.end(),
-                        [id](const PendingWrite& w) { return w.id == id; });
-  if (w == p.in_flight.end()) {
-    return absl::OkStatus();  // a later pending life of the same cluster
-  }
+                        [unit](const PendingWrite& w) {
+                          return w.in_cluster / kFineLockBytes == unit;
+                        });
+  if (w == p.in_flight.end()) return absl::OkStatus();  // never, as above
   if (!ok) {
     for (size_t i = 0; i < w->newly.size(); ++i) {
       p.covered[i] &= ~w->newly[i];

@@ -145,13 +145,24 @@ class PendingClusters {
                                IoPlan* fills = nullptr);
 
  private:
+  // A write planned into a pending cluster. The writes in flight into one
+  // cluster hold disjoint byte ranges (kFineLockBytes units), so where a
+  // write starts names it among them.
   struct PendingWrite {
-    uint64_t id;          // unique among the writes of the layer
-    uint64_t in_cluster;  // where the write starts in its cluster
-    const uint8_t* data;  // the request's buffer, valid until it finishes
-    uint64_t len;         // bytes
-    UnitBits newly;       // the units it covered first (uncovered on failure)
+    uint64_t in_cluster = 0;        // where the write starts in its cluster
+    const uint8_t* data = nullptr;  // the request's buffer, valid until it
+                                    // finishes
+    uint64_t len = 0;               // bytes
+    UnitBits newly{};  // the units it covered first (uncovered on failure)
   };
+  // A write in flight as one word, (guest cluster, first unit): a cluster
+  // is below 2^55 (guest offsets below 2^64, clusters of 512 bytes or
+  // more), a unit below 2^9 (clusters of 2 MiB or less).
+  static constexpr uint32_t kUnitKeyBits = 9;
+  static_assert(((2u << 20) >> kFineLockBits) <= (1u << kUnitKeyBits));
+  static uint64_t WriteKey(uint64_t cluster, uint64_t unit) {
+    return cluster << kUnitKeyBits | unit;
+  }
   struct PendingCluster {
     L2Ref ref;                            // the cluster's L2 entry, pinned
     uint64_t host = 0;                    // the host cluster given to it
@@ -176,7 +187,7 @@ class PendingClusters {
   // the cluster when no write into it is in flight and it is covered
   // (with extended L2: covered at all), and frees it when nothing covers
   // it.
-  absl::Status FinishPendingWrite(uint64_t cluster, uint64_t id, bool ok);
+  absl::Status FinishPendingWrite(uint64_t key, bool ok);  // WriteKey
   // The pending clusters in [first, last] (guest cluster numbers), in
   // order: probed one by one when the range is short, else found by a
   // walk of the map.
@@ -195,7 +206,6 @@ class PendingClusters {
   HostSpace* const host_space_;
   HeaderWriter* const header_writer_;
   absl::flat_hash_map<uint64_t, PendingCluster> pending_;  // by guest cluster
-  uint64_t pending_write_ids_ = 0;  // the last PendingWrite::id given
   // Where the last few writes begun end (guest offsets), for FineWritable.
   std::array<uint64_t, 8> recent_ends_{};
   size_t recent_next_ = 0;  // the slot of recent_ends_ written next
