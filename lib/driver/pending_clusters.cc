@@ -31,6 +31,29 @@ bool TestBit(const PendingClusters::UnitBits& bits, uint64_t i) {
   return (bits[i / 64] >> (i % 64)) & 1;
 }
 
+// The bitmap bits of the subclusters that begin in a covered unit. (A
+// write under a byte-range lock covers whole subclusters, so with
+// subclusters larger than a unit all of a subcluster's units are covered
+// or none.) Visits the covered units only: a fresh cluster has few.
+uint32_t CoveredSubclusters(const PendingClusters::UnitBits& covered,
+                            const Geometry& g) {
+  constexpr uint64_t kUnit = PendingClusters::kFineLockBytes;
+  const uint64_t scs = g.subcluster_size;
+  const uint64_t subclusters = static_cast<uint64_t>(g.subclusters);
+  uint32_t mask = 0;
+  for (size_t w = 0; w < covered.size(); ++w) {
+    for (uint64_t bits = covered[w]; bits != 0; bits &= bits - 1) {
+      const uint64_t lo = (w * 64 + std::countr_zero(bits)) * kUnit;
+      const uint64_t end =
+          std::min<uint64_t>((lo + kUnit + scs - 1) / scs, subclusters);
+      for (uint64_t sc = (lo + scs - 1) / scs; sc < end; ++sc) {
+        mask |= uint32_t{1} << sc;
+      }
+    }
+  }
+  return mask;
+}
+
 }  // namespace
 
 void PendingClusters::NoteWriteBegun(uint64_t offset, uint64_t len) {
@@ -236,12 +259,7 @@ absl::Status PendingClusters::CommitPending(uint64_t cluster) {
   if (g.extended_l2) {
     // Covered subclusters become allocated (and not zero); the others
     // keep their state in the bitmap as it stands.
-    uint32_t mask = 0;
-    for (int sc = 0; sc < g.subclusters; ++sc) {
-      if (TestBit(p.covered, sc * g.subcluster_size / kFineLockBytes)) {
-        mask |= uint32_t{1} << sc;
-      }
-    }
+    const uint32_t mask = CoveredSubclusters(p.covered, g);
     const uint64_t now = p.ref.bitmap();
     bitmap = uint64_t{static_cast<uint32_t>(now) | mask} |
              (uint64_t{static_cast<uint32_t>(now >> 32) & ~mask} << 32);
