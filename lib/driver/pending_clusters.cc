@@ -155,11 +155,16 @@ bool PendingClusters::FineWritable(uint64_t offset, uint64_t len, bool stream) {
 absl::Status PendingClusters::PlanPendingWrite(uint64_t cluster,
                                                uint64_t in_cluster,
                                                absl::Span<const uint8_t> data,
-                                               IoPlan* plan) {
+                                               IoPlan* plan, L2Ref* given) {
   const Geometry& g = s_->geometry();
   auto it = pending_.find(cluster);
   if (it == pending_.end()) {
-    ASSIGN_OR_RETURN(L2Ref ref, writer_->L2ForWrite(cluster));
+    L2Ref ref;
+    if (given != nullptr) {
+      ref = std::move(*given);
+    } else {
+      ASSIGN_OR_RETURN(ref, writer_->L2ForWrite(cluster));
+    }
     if (ref.entry() != 0) {
       return absl::InternalError(absl::StrFormat(
           "%s: deferred copy-on-write into guest cluster %d, which is "

@@ -111,10 +111,13 @@ class PendingClusters {
   // Plans a write of `data` at `in_cluster` into pending `cluster`, or
   // allocates its host cluster and makes it pending (FineWritable allowed
   // the write to defer the L2 entry). The plan's commit or abort ends the
-  // write; the last write to end commits a covered cluster.
+  // write; the last write to end commits a covered cluster. `ref`, when
+  // given, is the cluster's entry as WritePlanner::L2ForWrite just
+  // returned it (not pending then), so that it is not looked up again.
   // REQUIRES: the caller holds the write's bytes (fine lock).
   absl::Status PlanPendingWrite(uint64_t cluster, uint64_t in_cluster,
-                                absl::Span<const uint8_t> data, IoPlan* plan);
+                                absl::Span<const uint8_t> data, IoPlan* plan,
+                                L2Ref* ref = nullptr);
 
   // Fills and commits every pending cluster (a flush, Close), writes in
   // flight into them included: see Materialize.

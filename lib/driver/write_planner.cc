@@ -230,7 +230,7 @@ absl::Status WritePlanner::PlanWriteCluster(uint64_t cluster,
   ASSIGN_OR_RETURN(L2Ref ref, L2ForWrite(cluster));
   if (fine && ref.entry() == 0) {
     // FineWritable allowed this write to defer the cluster's L2 entry.
-    return pending_->PlanPendingWrite(cluster, in_cluster, data, plan);
+    return pending_->PlanPendingWrite(cluster, in_cluster, data, plan, &ref);
   }
   const uint64_t entry = ref.entry();
   const uint64_t bitmap = ref.bitmap();

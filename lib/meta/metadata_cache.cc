@@ -53,7 +53,10 @@ absl::StatusOr<MetadataCache::Handle> MetadataCache::Get(uint64_t offset,
                                                          bool may_defer) {
   auto it = map_.find(offset);
   if (it != map_.end()) {
-    lru_.splice(lru_.begin(), lru_, it->second.lru);
+    // Already the most recent (a run of look-ups of one entry): no move.
+    if (it->second.lru != lru_.begin()) {
+      lru_.splice(lru_.begin(), lru_, it->second.lru);
+    }
     return it->second.entry;
   }
   if (may_defer) {

@@ -431,7 +431,35 @@ absl::Status Refcounts::ProbeAllocate(uint64_t n) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<uint64_t> Refcounts::AllocateOneInBlock() {
+  uint64_t c = free_hint_;
+  const uint64_t idx = c / block_entries_;
+  if (idx >= table_.size() || table_[idx] == 0) return kNoCluster;
+  // May be a deferred miss, as FindFree's first look-up would be.
+  ASSIGN_OR_RETURN(MetadataCache::Handle block, BlockOf(c, /*may_defer=*/true));
+  if (block == nullptr) return kNoCluster;
+  const uint64_t end = (idx + 1) * block_entries_;
+  for (; c < end; ++c) {
+    const uint64_t i = c % block_entries_;
+    if (ReadEntry(block->data.data(), i) != 0 || Quarantined(c, 1)) continue;
+    RETURN_IF_ERROR(CheckNotMetadata(c, "its refcount is 0"));
+    if ((c + 1) << cluster_bits_ > kMaxHostOffset) return kNoCluster;
+    WriteEntry(block->data.data(), i, 1);
+    const uint64_t bit = i << refcount_order_;
+    block->MarkDirty(static_cast<uint32_t>(bit / 8),
+                     std::max<uint32_t>(1, (1u << refcount_order_) / 8));
+    free_hint_ = c + 1;
+    NoteEnd(c + 1);
+    return c;
+  }
+  return kNoCluster;
+}
+
 absl::StatusOr<uint64_t> Refcounts::Allocate(uint64_t n) {
+  if (n == 1) {
+    ASSIGN_OR_RETURN(uint64_t c, AllocateOneInBlock());
+    if (c != kNoCluster) return c << cluster_bits_;
+  }
   while (true) {
     ASSIGN_OR_RETURN(uint64_t start, FindFree(n));
     bool moved = false;

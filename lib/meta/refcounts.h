@@ -142,6 +142,13 @@ class Refcounts {
   uint64_t ReadEntry(const uint8_t* block, uint64_t index) const;
   void WriteEntry(uint8_t* block, uint64_t index, uint64_t value) const;
   absl::StatusOr<uint64_t> FindFree(uint64_t n);
+  // Allocate(1)'s common case, what FindFree(1) and Update(+1) would do
+  // together through one look-up of a refcount block: the first free
+  // cluster from the search's starting point on, when the block that
+  // counts that point exists and holds one. kNoCluster otherwise (the
+  // general path then searches, making blocks as needed).
+  static constexpr uint64_t kNoCluster = ~uint64_t{0};
+  absl::StatusOr<uint64_t> AllocateOneInBlock();
   // Ensures a refcount block exists for cluster `cluster`; may allocate one
   // (and grow the table). Returns true if it had to allocate.
   absl::StatusOr<bool> EnsureBlock(uint64_t cluster);
