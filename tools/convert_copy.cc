@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <semaphore>
 #include <thread>
 #include <vector>
 
@@ -20,6 +21,14 @@ namespace {
 // Bytes a worker reads and writes at a time when not compressing
 // (qemu-img's IO_BUF_SIZE).
 constexpr uint64_t kChunkBytes = 2 << 20;
+// -m's upper bound, as qemu-img's.
+constexpr int kMaxWorkers = 16;
+
+// Workers that may write at once out of order: one per CPU, at most -m.
+int WriteSlots(int workers) {
+  const int cpus = static_cast<int>(std::thread::hardware_concurrency());
+  return std::clamp(std::min(workers, cpus), 1, kMaxWorkers);
+}
 
 // Bytes of a cluster compressed to guess whether all of it compresses.
 constexpr uint64_t kProbeBytes = 2048;
@@ -199,8 +208,9 @@ class CopyJob {
 // order, finding out which clusters do not compress), the chunks written
 // with the target's synchronous calls in guest order by whichever worker
 // finds the next one ready. With -W, each worker writes (compresses) the
-// chunks it read at once: up to -m writes in the library at a time, each
-// on its worker's thread, the clusters allocated as they come.
+// chunks it read at once, on its own thread, the clusters allocated as
+// they come: up to -m compressing writes at a time, or for a plain copy
+// up to one per CPU (write_slots_).
 // (Two copies through queues were slower on this two-core machine. One
 // reader thread handing chunks to one writer thread: each hand-over
 // waited for the other thread to be scheduled. A queue per worker, its
@@ -288,7 +298,13 @@ class Copier : CopyJob {
         WriteInOrder(b);
       } else {
         absl::Status s = b->status;
-        if (s.ok()) s = WriteChunk(c, *b);
+        if (s.ok() && opts_.compressed) {
+          s = WriteChunk(c, *b);
+        } else if (s.ok()) {
+          write_slots_.acquire();
+          s = WriteChunk(c, *b);
+          write_slots_.release();
+        }
         Finish(b, s, c.len);
       }
     }
@@ -446,6 +462,14 @@ class Copier : CopyJob {
 
   ConvertTarget& target_;
   const bool ordered_;  // writes in guest order
+  // A plain copy out of order: at most one worker per CPU writes at a
+  // time; the others read on. Buffered writes to one file take its inode
+  // lock one at a time, and on a machine with fewer CPUs than workers the
+  // waiters spun for an owner that was not running: a plain -W -m 16 copy
+  // spent a quarter of its time in rwsem_spin_on_owner and osq_lock, and
+  // took 2-3x the time of -m 2 (docs/benchmarks.md, convert). With -c the
+  // workers compress inside their writes, all at once as before.
+  std::counting_semaphore<kMaxWorkers> write_slots_{WriteSlots(opts_.workers)};
   std::atomic<size_t> next_{0};
   std::vector<Buffer> buffers_;
   std::mutex mu_;
