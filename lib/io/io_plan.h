@@ -13,6 +13,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "qcow2/file.h"
@@ -62,9 +63,11 @@ class IoPlan {
   std::vector<std::function<absl::Status()>> after_reads;
   std::vector<IoOp> writes;
   // Run under the metadata lock after every write succeeded, in order.
-  std::vector<std::function<absl::Status()>> commits;
+  // (A plan holds one commit and one abort or none in the common cases: a
+  // recycled request would otherwise allocate both vectors per write.)
+  absl::InlinedVector<std::function<absl::Status()>, 1> commits;
   // Run under the metadata lock when the plan is abandoned.
-  std::vector<std::function<void()>> aborts;
+  absl::InlinedVector<std::function<void()>, 1> aborts;
   // Compressed clusters this plan decompresses (one buffer each).
   struct Decompressed {
     const void* layer;
