@@ -31,6 +31,7 @@
 #include <nbdkit-plugin.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdint>
@@ -38,8 +39,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <condition_variable>
 #include <mutex>
+#include <semaphore>
 #include <string>
 #include <unordered_set>
 #include <vector>
@@ -219,33 +220,10 @@ absl::Status RunOnQueue(qcow2::Queue* q, Op op, void* buf, uint64_t count,
 // nbdkit's file plugin (docs/benchmarks.md, "NBD serving"). Reads are not
 // gated: one that misses the page cache waits for the disk. Nor are
 // writes with direct=true, which wait for the disk too.
-class WriteGate {
- public:
-  WriteGate() {
-    const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    free_ = 2 * static_cast<int>(cpus > 0 ? cpus : 1);
-  }
-  void Enter() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [this] { return free_ > 0; });
-    --free_;
-  }
-  void Leave() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      ++free_;
-    }
-    cv_.notify_one();
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int free_;
-};
-
-WriteGate& TheWriteGate() {
-  static WriteGate* gate = new WriteGate;  // leaked: threads may outlive it
+// Leaked on purpose: threads may outlive static destructors.
+std::counting_semaphore<>& WriteGate() {
+  static auto* gate = new std::counting_semaphore<>(
+      2 * std::max<long>(1, sysconf(_SC_NPROCESSORS_ONLN)));
   return *gate;
 }
 
@@ -259,10 +237,9 @@ absl::Status RunSync(Op op, void* buf, uint64_t count, uint64_t offset) {
       const auto data =
           absl::MakeConstSpan(static_cast<const uint8_t*>(buf), count);
       if (g_config.direct) return img->Write(offset, data);
-      WriteGate& gate = TheWriteGate();
-      gate.Enter();
+      WriteGate().acquire();
       absl::Status s = img->Write(offset, data);
-      gate.Leave();
+      WriteGate().release();
       return s;
     }
     case Op::kZero:

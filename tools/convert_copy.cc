@@ -298,12 +298,11 @@ class Copier : CopyJob {
         WriteInOrder(b);
       } else {
         absl::Status s = b->status;
-        if (s.ok() && opts_.compressed) {
+        if (s.ok()) {
+          const bool gated = !opts_.compressed;
+          if (gated) write_slots_.acquire();
           s = WriteChunk(c, *b);
-        } else if (s.ok()) {
-          write_slots_.acquire();
-          s = WriteChunk(c, *b);
-          write_slots_.release();
+          if (gated) write_slots_.release();
         }
         Finish(b, s, c.len);
       }

@@ -135,6 +135,14 @@ void Refcounts::WriteEntry(uint8_t* block, uint64_t index,
   }
 }
 
+void Refcounts::SetEntry(MetadataCache::Entry& block, uint64_t index,
+                         uint64_t value) const {
+  WriteEntry(block.data.data(), index, value);
+  const uint64_t bit = index << refcount_order_;
+  block.MarkDirty(static_cast<uint32_t>(bit / 8),
+                  std::max<uint32_t>(1, (1u << refcount_order_) / 8));
+}
+
 absl::StatusOr<MetadataCache::Handle> Refcounts::BlockOf(uint64_t cluster,
                                                          bool may_defer) {
   const uint64_t idx = cluster / block_entries_;
@@ -392,10 +400,7 @@ absl::Status Refcounts::Update(uint64_t offset, uint64_t len, int64_t delta) {
     if (next == 0) {
       RETURN_IF_ERROR(CheckNotMetadata(c, "its refcount would drop to 0"));
     }
-    WriteEntry(block->data.data(), c % block_entries_, next);
-    const uint64_t bit = (c % block_entries_) << refcount_order_;
-    block->MarkDirty(static_cast<uint32_t>(bit / 8),
-                     std::max<uint32_t>(1, (1u << refcount_order_) / 8));
+    SetEntry(*block, c % block_entries_, next);
     if (next == 0) {
       if (!quarantine_.empty() && quarantine_.back().second == c) {
         quarantine_.back().second = c + 1;
@@ -444,10 +449,7 @@ absl::StatusOr<uint64_t> Refcounts::AllocateOneInBlock() {
     if (ReadEntry(block->data.data(), i) != 0 || Quarantined(c, 1)) continue;
     RETURN_IF_ERROR(CheckNotMetadata(c, "its refcount is 0"));
     if ((c + 1) << cluster_bits_ > kMaxHostOffset) return kNoCluster;
-    WriteEntry(block->data.data(), i, 1);
-    const uint64_t bit = i << refcount_order_;
-    block->MarkDirty(static_cast<uint32_t>(bit / 8),
-                     std::max<uint32_t>(1, (1u << refcount_order_) / 8));
+    SetEntry(*block, i, 1);
     free_hint_ = c + 1;
     NoteEnd(c + 1);
     return c;

@@ -141,6 +141,9 @@ class Refcounts {
                                                 bool may_defer = false);
   uint64_t ReadEntry(const uint8_t* block, uint64_t index) const;
   void WriteEntry(uint8_t* block, uint64_t index, uint64_t value) const;
+  // WriteEntry into a cached block, marking the bytes it changed dirty.
+  void SetEntry(MetadataCache::Entry& block, uint64_t index,
+                uint64_t value) const;
   absl::StatusOr<uint64_t> FindFree(uint64_t n);
   // Allocate(1)'s common case, what FindFree(1) and Update(+1) would do
   // together through one look-up of a refcount block: the first free
