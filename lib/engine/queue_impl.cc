@@ -6,12 +6,16 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <new>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "lib/io/accounted_file.h"
@@ -117,6 +121,7 @@ QueueImpl::~QueueImpl() {
     io_uring_queue_exit(&ring_);
   }
   for (Request* r : spare_) delete r;
+  for (auto& [p, size] : spare_bounces_) std::free(p);
   if (event_fd_ >= 0) ::close(event_fd_);
   if (const int fd = notify_fd_.load(); fd >= 0) ::close(fd);
   engine_->stats().Unregister(this);
@@ -285,8 +290,10 @@ void QueueImpl::Issue(Request* r, IoOp* op, OpType type) {
   if (ring_ok_) {
     if (auto* pf = dynamic_cast<PosixFile*>(Unwrapped(op->file))) {
       // A no-flush file's flush is done at once, below.
-      if (type == OpType::kFlush ? !pf->no_flush()
-                                 : AlignedFor(*op, pf->alignment())) {
+      if (type == OpType::kFlush
+              ? !pf->no_flush()
+              : AlignedFor(*op, pf->alignment()) ||
+                    StartBounce(op, pf->alignment())) {
         op->fd = pf->fd();
       }
     }
@@ -443,7 +450,67 @@ void QueueImpl::OnComplete(IoOp* op, int res) {
     }
     if (r->status.ok()) CountIo(*op, op->type == kOpWrite, &r->stats);
   }
+  EndBounce(op, op->type == kOpRead && res >= 0);
   OpDone(r);
+}
+
+bool QueueImpl::StartBounce(IoOp* op, uint32_t align) {
+  // Up to the largest NBD request and more; longer ones are rare enough
+  // to go through the file.
+  constexpr uint64_t kMaxBounce = 64ull << 20;
+  if (op->zero_range || op->bytes == 0 || op->bytes > kMaxBounce ||
+      op->offset % align != 0 || op->bytes % align != 0) {
+    return false;
+  }
+  void* buf = nullptr;
+  size_t size = 0;
+  for (size_t i = spare_bounces_.size(); i-- > 0;) {
+    if (spare_bounces_[i].second >= op->bytes) {
+      std::tie(buf, size) = spare_bounces_[i];
+      spare_bounces_[i] = spare_bounces_.back();
+      spare_bounces_.pop_back();
+      break;
+    }
+  }
+  if (buf == nullptr) {
+    size = (op->bytes + 4095) & ~size_t{4095};
+    if (::posix_memalign(&buf, std::max<size_t>(align, 4096), size) != 0) {
+      return false;  // the file's own bounce, synchronous
+    }
+  }
+  if (op->type == kOpWrite) {
+    uint8_t* dst = static_cast<uint8_t*>(buf);
+    for (const iovec& v : op->iov) {
+      std::memcpy(dst, v.iov_base, v.iov_len);
+      dst += v.iov_len;
+    }
+  }
+  op->bounce = buf;
+  op->bounce_size = size;
+  op->caller_iov.swap(op->iov);
+  op->iov.assign(1, iovec{buf, op->bytes});
+  return true;
+}
+
+void QueueImpl::EndBounce(IoOp* op, bool copy_out) {
+  if (op->bounce == nullptr) return;
+  if (copy_out) {
+    const uint8_t* src = static_cast<const uint8_t*>(op->bounce);
+    for (const iovec& v : op->caller_iov) {
+      std::memcpy(v.iov_base, src, v.iov_len);
+      src += v.iov_len;
+    }
+  }
+  op->iov.swap(op->caller_iov);
+  op->caller_iov.clear();
+  // Kept for the next bounce, up to a buffer per request the queue holds.
+  if (spare_bounces_.size() < static_cast<size_t>(depth_) &&
+      op->bounce_size <= (4u << 20)) {
+    spare_bounces_.emplace_back(op->bounce, op->bounce_size);
+  } else {
+    std::free(op->bounce);
+  }
+  op->bounce = nullptr;
 }
 
 void QueueImpl::OpDone(Request* r) {

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <deque>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -83,6 +84,14 @@ class QueueImpl final : public Executor,
   // Notify() when Poll(0) has something to do now (finished requests to
   // call back, woken requests to plan): the end of Submit and Poll.
   void NotifyIfReady();
+  // Puts an aligned bounce buffer in place of op's iovecs when the file
+  // wants `align` and only the memory is unaligned (offset and length are
+  // aligned): the op still goes on the ring, not through the file's
+  // synchronous bounce. False when it cannot.
+  bool StartBounce(IoOp* op, uint32_t align);
+  // Gives the caller's iovecs back (after copying a read into them when
+  // `copy_out`) and keeps the buffer for the next bounce.
+  void EndBounce(IoOp* op, bool copy_out);
 
   Engine* const engine_;
   const int depth_;
@@ -102,6 +111,8 @@ class QueueImpl final : public Executor,
   std::deque<Request*> done_;
   // Finished requests' memory, each holding a default-initialised Request.
   std::vector<Request*> spare_;
+  // Bounce buffers not in use, with their sizes.
+  std::vector<std::pair<void*, size_t>> spare_bounces_;
   Mutex wake_mu_;
   // Requests whose wait ended, to plan again on the polling thread.
   std::vector<Request*> woken_ ABSL_GUARDED_BY(wake_mu_);

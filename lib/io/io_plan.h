@@ -46,6 +46,12 @@ struct IoOp {
   uint8_t type = 0;  // 0 read, 1 write, 2 flush
   int fd = -1;
   std::vector<iovec> rest;
+  // An aligned buffer of `bytes` standing in for `iov` on the ring when
+  // the file wants O_DIRECT alignment and only the caller's memory lacks
+  // it; `caller_iov` holds the caller's iovecs meanwhile.
+  void* bounce = nullptr;
+  size_t bounce_size = 0;  // the buffer's size, at least `bytes`
+  std::vector<iovec> caller_iov;
 
   void Add(const void* base, size_t len) {
     iov.push_back({const_cast<void*>(base), len});
