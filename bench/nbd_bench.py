@@ -8,7 +8,9 @@ own, so that they can all run at once):
                    plugin, O_DIRECT)
   qemu-nbd         `qemu-nbd --aio=io_uring --cache=none` on the same image
   qcowtool-cached  `qcowtool serve` without --direct: through the page
-                   cache, as the raw server
+                   cache, as the raw server (qcowtool serve's default)
+  qemu-nbd-cached  `qemu-nbd --aio=io_uring --cache=writeback` on the same
+                   image: qemu-nbd through the page cache
   raw              nbdkit's `file` plugin on a raw file with the same bytes:
                    the transport's ceiling (no format at all; page cache)
   raw-direct       (only with --servers) qemu-nbd --cache=none on the raw
@@ -26,13 +28,23 @@ Method: the CDM servers run at once and take turns job by job, and the
 fresh-image jobs run server after server; --repeat rounds of each, the
 order of the servers rotated every round, and the fastest run of each
 (server, job) is kept. So a change of the machine's load (shared machines
-swing by 2x within minutes) lands on every server alike.
+swing by 2x within minutes) lands on every server alike. The page cache
+is part of what the cached servers measure, so it is made alike too:
+every server's image is written back and dropped from the cache before
+the first job (each image then goes through the same jobs in the same
+order), and everything dirty is written back (sync) before every run, so
+that no run pays for the write-back of the runs before it. (The shape of
+a file's cache matters: 4 KiB random writes leave it in small pages, into
+which a 1 MiB write cost up to a quarter more than into the large ones a
+sequential read leaves; and 4 KiB random writes into large pages ran at a
+quarter of their speed in small ones.)
 
 Output: one JSON object per (server, job) row on stdout or --json FILE,
 and a markdown table (--table FILE, default stdout) with MB/s for SEQ rows
 and IOPS for RND rows, and the ratios that compare like with like:
-qcowtool / qemu-nbd (both O_DIRECT), qcowtool-cached / raw (both through
-the page cache, one nbdkit each: what libqcow2 costs over a raw file), and
+qcowtool / qemu-nbd (both O_DIRECT), qcowtool-cached / qemu-nbd-cached
+(both through the page cache), qcowtool-cached / raw (both through the
+page cache, one nbdkit each: what libqcow2 costs over a raw file), and
 qcowtool / raw-direct when that server runs. Every qcow2 image a qcowtool
 server wrote is checked with `qemu-img check` afterwards.
 
@@ -64,15 +76,16 @@ CDM_JOBS = [
     ("RND4K-Q1T1", "randread", "4k", 1, 1),
     ("RND4K-Q1T1", "randwrite", "4k", 1, 1),
 ]
-SERVERS = ["qcowtool", "qemu-nbd", "qcowtool-cached", "raw"]
+SERVERS = ["qcowtool", "qemu-nbd", "qcowtool-cached", "qemu-nbd-cached",
+           "raw"]
 # Optional (--servers): the raw file through qemu-nbd with O_DIRECT, the
 # ceiling for O_DIRECT servers (nbdkit's file plugin goes through the page
 # cache).
 EXTRA_SERVERS = ["raw-direct"]
 # The ratios the table prints: (server, against), each pair in the same
 # cache mode (O_DIRECT against O_DIRECT, page cache against page cache).
-RATIOS = [("qcowtool", "qemu-nbd"), ("qcowtool-cached", "raw"),
-          ("qcowtool", "raw-direct")]
+RATIOS = [("qcowtool", "qemu-nbd"), ("qcowtool-cached", "qemu-nbd-cached"),
+          ("qcowtool-cached", "raw"), ("qcowtool", "raw-direct")]
 
 
 def log(msg):
@@ -120,9 +133,10 @@ class Server:
             direct = ["--direct"] if kind == "qcowtool" else []
             argv = ([args.qcowtool, "serve", "--socket", sock] + direct +
                     args.serve_args.split() + [image])
-        elif kind == "qemu-nbd":
+        elif kind in ("qemu-nbd", "qemu-nbd-cached"):
+            cache = "none" if kind == "qemu-nbd" else "writeback"
             argv = ["qemu-nbd", "-k", sock, "-f", "qcow2", "--aio=io_uring",
-                    "--cache=none", "--shared=64", "--persistent", image]
+                    "--cache=" + cache, "--shared=64", "--persistent", image]
         elif kind == "raw-direct":
             argv = ["qemu-nbd", "-k", sock, "-f", "raw", "--aio=io_uring",
                     "--cache=none", "--shared=64", "--persistent", image]
@@ -196,6 +210,16 @@ def make_data_file(path, size):
             n += 1
 
 
+def drop_cache(path):
+    """Writes `path` back and drops it from the page cache."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def server_image(kind, work):
     """The allocated image a CDM server serves: a copy of its own, so that
     every server runs at once without sharing a lock or a page cache."""
@@ -216,11 +240,13 @@ def bench_cdm(kinds, work, args, size, best):
     servers = {}
     try:
         for kind in kinds:
+            drop_cache(server_image(kind, work))
             servers[kind] = Server(kind, server_image(kind, work),
                                    os.path.join(work, kind + ".sock"), args)
         for name, rw, bs, qd, nj in cdm:
             for rep in range(args.repeat):
                 for kind in rotated(kinds, rep):
+                    os.sync()
                     iops, bw, lat = fio([dict(uri=servers[kind].uri, rw=rw,
                                               bs=bs, iodepth=qd, numjobs=nj)],
                                         args.runtime, size)
@@ -239,6 +265,7 @@ def bench_overlay(kind, work, args, size, best):
     # 4 KiB random writes into a fresh overlay of a base no server writes
     # (raw servers: a fresh sparse raw file).
     base = os.path.join(work, "image.qcow2")
+    os.sync()  # no write-back of earlier runs during this one
     fresh = fresh_image(kind, work, "ovl", base, size)
     srv = Server(kind, fresh, os.path.join(work, kind + "-ovl.sock"), args)
     try:
@@ -252,6 +279,7 @@ def bench_overlay(kind, work, args, size, best):
 def bench_three(kind, work, args, size, best):
     """Three writers, three fresh images, three servers, at once."""
     servers, jobs = [], []
+    os.sync()  # no write-back of earlier runs during this one
     try:
         for i in range(3):
             img = fresh_image(kind, work, "w%d" % i, None, size)
