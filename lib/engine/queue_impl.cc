@@ -467,6 +467,7 @@ bool QueueImpl::StartBounce(IoOp* op, uint32_t align) {
   for (size_t i = spare_bounces_.size(); i-- > 0;) {
     if (spare_bounces_[i].second >= op->bytes) {
       std::tie(buf, size) = spare_bounces_[i];
+      spare_bounce_bytes_ -= size;
       spare_bounces_[i] = spare_bounces_.back();
       spare_bounces_.pop_back();
       break;
@@ -503,10 +504,13 @@ void QueueImpl::EndBounce(IoOp* op, bool copy_out) {
   }
   op->iov.swap(op->caller_iov);
   op->caller_iov.clear();
-  // Kept for the next bounce, up to a buffer per request the queue holds.
+  // Kept for the next bounce: up to a buffer per request the queue
+  // holds, and 8 MiB in all.
+  constexpr size_t kMaxSpareBytes = 8u << 20;
   if (spare_bounces_.size() < static_cast<size_t>(depth_) &&
-      op->bounce_size <= (4u << 20)) {
+      spare_bounce_bytes_ + op->bounce_size <= kMaxSpareBytes) {
     spare_bounces_.emplace_back(op->bounce, op->bounce_size);
+    spare_bounce_bytes_ += op->bounce_size;
   } else {
     std::free(op->bounce);
   }

@@ -111,8 +111,9 @@ class QueueImpl final : public Executor,
   std::deque<Request*> done_;
   // Finished requests' memory, each holding a default-initialised Request.
   std::vector<Request*> spare_;
-  // Bounce buffers not in use, with their sizes.
+  // Bounce buffers not in use, with their sizes, and those sizes' sum.
   std::vector<std::pair<void*, size_t>> spare_bounces_;
+  size_t spare_bounce_bytes_ = 0;
   Mutex wake_mu_;
   // Requests whose wait ended, to plan again on the polling thread.
   std::vector<Request*> woken_ ABSL_GUARDED_BY(wake_mu_);
