@@ -2,7 +2,8 @@
 // The lock list, driven step by step through the engine's internal API
 // with waiters that only record wake-ups: writes that held only their own
 // bytes and must widen to whole clusters (RangeLockTable::Widen), and writes
-// into one fresh extended-L2 cluster that hold only their own bytes.
+// into one fresh extended-L2 cluster: a stream's, which hold only their own
+// bytes, and a lone write, which holds the whole cluster.
 #include <algorithm>
 #include <memory>
 #include <vector>
@@ -157,31 +158,60 @@ TEST(LockWidenTest, TwoWritesWideningTogetherBothGoOn) {
   ASSERT_OK(chain->Close());
 }
 
-// Two writes into one fresh extended-L2 cluster, neither continuing the
-// other: the first defers the cluster's L2 entry (it allocates and writes
-// only its own subclusters), so the second is granted while the first is
-// still in flight and writes into the same host cluster. They finish in the
-// opposite order; the entry is set when neither is in flight.
-TEST(FineLockTest, WritesIntoOneFreshExtendedL2ClusterRunSideBySide) {
-  SKIP_WITHOUT_QEMU();
-  testing::TempDir dir;
+// A fresh 8 MiB image with extended L2 entries, opened by an Engine.
+absl::StatusOr<std::unique_ptr<Engine>> OpenFreshExtended(
+    const std::string& path) {
   CreateOptions co;
   co.size = 8 << 20;
   co.cluster_size = kCluster;
   co.extended_l2 = true;
-  const std::string path = dir.File("img.qcow2");
-  ASSERT_OK(CreateImage(path, co));
+  if (absl::Status s = CreateImage(path, co); !s.ok()) return s;
   OpenOptions oo;
   oo.read_write = true;
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<File> file,
-                       OpenPosixFile(path, FileOptions{.read_only = false}));
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Engine> chain,
-                       Engine::Open(std::move(file), oo));
+  absl::StatusOr<std::unique_ptr<File>> file =
+      OpenPosixFile(path, FileOptions{.read_only = false});
+  if (!file.ok()) return file.status();
+  return Engine::Open(std::move(*file), oo);
+}
+
+// Closes `chain`, then checks the image with qemu-img and that qemu-img
+// reads `want` at guest cluster 5.
+void CloseAndCheckCluster5(std::unique_ptr<Engine> chain,
+                           const std::string& path,
+                           const std::vector<uint8_t>& want) {
+  std::vector<uint8_t> got(kCluster);
+  ASSERT_OK(SyncRead(chain.get(), 5 * kCluster, absl::MakeSpan(got)));
+  EXPECT_EQ(got, want);
+  const IoStats st = chain->stats().Total();
+  EXPECT_EQ(st.cow_read_bytes, 0u);
+  ASSERT_OK(chain->Close());
+
+  testing::CommandResult check = testing::QemuCheck(path);
+  EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> all, testing::QemuReadAll(path));
+  EXPECT_TRUE(std::equal(want.begin(), want.end(),
+                         all.begin() + 5 * kCluster));
+}
+
+// Writes of a stream into one fresh extended-L2 cluster: the first
+// continues a write into the cluster before, so it defers the cluster's
+// L2 entry (it allocates and writes only its own subclusters); the second
+// lands in that recently written cluster and is granted while the first
+// is still in flight, writing into the same host cluster. They finish in
+// the opposite order; the entry is set when neither is in flight.
+TEST(FineLockTest, AStreamsWritesIntoOneFreshExtendedL2ClusterRunSideBySide) {
+  SKIP_WITHOUT_QEMU();
+  testing::TempDir dir;
+  const std::string path = dir.File("img.qcow2");
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Engine> chain, OpenFreshExtended(path));
+  // The stream begins at the end of cluster 4.
+  ASSERT_OK(SyncWrite(chain.get(), 5 * kCluster - 4096,
+                      std::vector<uint8_t>(4096, 4)));
 
   CountingWaiter wa, wb;
   const std::vector<uint8_t> da(4096, 5), db(8192, 6);
   Request a, b;
-  MakeWrite(&a, 5 * kCluster + 32768, da, &wa);
+  MakeWrite(&a, 5 * kCluster, da, &wa);
   MakeWrite(&b, 5 * kCluster + 8192, db, &wb);
   ASSERT_TRUE(chain->Begin(&a));
   ASSERT_OK(a.status);
@@ -192,23 +222,49 @@ TEST(FineLockTest, WritesIntoOneFreshExtendedL2ClusterRunSideBySide) {
   RunAndFinish(chain.get(), &b);
   RunAndFinish(chain.get(), &a);
   EXPECT_EQ(wa.wakes + wb.wakes, 0);
+  EXPECT_EQ(chain->stats().Total().cluster_allocations, 2u);  // 4 and 5
+
+  std::vector<uint8_t> want(kCluster, 0);
+  std::copy(da.begin(), da.end(), want.begin());
+  std::copy(db.begin(), db.end(), want.begin() + 8192);
+  CloseAndCheckCluster5(std::move(chain), path, want);
+}
+
+// A lone write into a fresh extended-L2 cluster (one that continues no
+// recent write, as random writes do) allocates it holding the whole
+// cluster: no pending cluster to set up and commit. A second write into
+// the cluster meanwhile waits for it, then writes in place into the same
+// host cluster.
+TEST(FineLockTest, ALoneWriteIntoAFreshExtendedL2ClusterHoldsItWhole) {
+  SKIP_WITHOUT_QEMU();
+  testing::TempDir dir;
+  const std::string path = dir.File("img.qcow2");
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Engine> chain, OpenFreshExtended(path));
+
+  CountingWaiter wa, wb;
+  const std::vector<uint8_t> da(4096, 5), db(8192, 6);
+  Request a, b;
+  MakeWrite(&a, 5 * kCluster + 32768, da, &wa);
+  MakeWrite(&b, 5 * kCluster + 8192, db, &wb);
+  ASSERT_TRUE(chain->Begin(&a));
+  ASSERT_OK(a.status);
+  EXPECT_FALSE(a.lock.fine);
+  EXPECT_FALSE(chain->Begin(&b));  // waits for a
+  RunAndFinish(chain.get(), &a);
+  EXPECT_EQ(wb.wakes, 1);
+  chain->Plan(&b);
+  ASSERT_OK(b.status);
+  EXPECT_TRUE(b.lock.fine);  // in place now: the cluster is ours
+  RunAndFinish(chain.get(), &b);
+  EXPECT_EQ(wa.wakes, 0);
+  const IoStats st = chain->stats().Total();
+  EXPECT_EQ(st.cluster_allocations, 1u);
+  EXPECT_EQ(st.cow_deferred, 0u);
 
   std::vector<uint8_t> want(kCluster, 0);
   std::copy(da.begin(), da.end(), want.begin() + 32768);
   std::copy(db.begin(), db.end(), want.begin() + 8192);
-  std::vector<uint8_t> got(kCluster);
-  ASSERT_OK(SyncRead(chain.get(), 5 * kCluster, absl::MakeSpan(got)));
-  EXPECT_EQ(got, want);
-  const IoStats st = chain->stats().Total();
-  EXPECT_EQ(st.cluster_allocations, 1u);
-  EXPECT_EQ(st.cow_read_bytes, 0u);
-  ASSERT_OK(chain->Close());
-
-  testing::CommandResult check = testing::QemuCheck(path);
-  EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
-  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> all, testing::QemuReadAll(path));
-  EXPECT_TRUE(std::equal(want.begin(), want.end(),
-                         all.begin() + 5 * kCluster));
+  CloseAndCheckCluster5(std::move(chain), path, want);
 }
 
 }  // namespace

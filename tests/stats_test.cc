@@ -210,9 +210,9 @@ TEST(StatsTest, SubclusterWriteCopiesNothing) {
   EXPECT_EQ(s.cow_write_bytes, 0u);
   EXPECT_EQ(s.host_data_write_bytes, 4096u);
   EXPECT_EQ(s.cluster_allocations, 1u);
-  // Aligned to 4 KiB and partial: the cluster's L2 entry waited for the
-  // write (set at once, as nothing else was in flight).
-  EXPECT_EQ(s.cow_deferred, 1u);
+  // A lone write into a new cluster: it held the whole cluster, so its
+  // L2 entry was not deferred.
+  EXPECT_EQ(s.cow_deferred, 0u);
   // A 1 KiB write pads to its 2 KiB subcluster.
   const IoStats mid = image->GetStats();
   ASSERT_OK(image->Write(9 * kCluster + 512, std::vector<uint8_t>(1024, 3)));

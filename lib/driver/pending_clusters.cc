@@ -118,11 +118,16 @@ PendingClusters::FineKind PendingClusters::ClassifyFine(uint64_t cluster,
       pending_.size() >= kMaxPending) {
     return FineKind::kNone;
   }
-  // With extended L2 a deferred entry costs nothing later (no fill), and
-  // it lets other writes into the cluster run beside this one: any such
-  // write may defer. With standard L2 only a stream may, since what it
-  // leaves uncovered is copied at the flush.
-  if (!stream || g.extended_l2) return FineKind::kDefer;
+  // Only a stream defers: a write that continues a recent write or lands
+  // in a recently written cluster, so that the writes after it into the
+  // cluster run beside it. With standard L2 what a stream leaves uncovered
+  // is copied at the flush. With extended L2 nothing is ever copied, but a
+  // deferred entry has its own cost: the pending cluster is set up, looked
+  // up and committed under the lock. A lone write into a new cluster (the
+  // usual random write) allocates it holding the whole cluster, which is
+  // cheaper, and a write into that cluster meanwhile waits for it. (With
+  // `stream` false the caller rechecks a write allowed already.)
+  if (!stream) return FineKind::kDefer;
   const uint64_t offset = guest + in_cluster;
   for (uint64_t end : recent_ends_) {
     if (end == 0) continue;

@@ -14,9 +14,12 @@
 //    that deferred its copy-on-write (below);
 //  - the write may defer its cluster's L2 entry (no host cluster here;
 //    the write partial and aligned to kFineLockBytes, and with extended
-//    L2 to subclusters; with standard L2 a backing chain and, with
+//    L2 to subclusters; with standard L2 a backing chain; and, with
 //    `stream`, the write continuing a recent write or landing in a
-//    recently written cluster).
+//    recently written cluster). A lone write into a new cluster holds
+//    the whole cluster instead: with extended L2 that is cheaper than a
+//    pending cluster, and with standard L2 it copies at once what a
+//    flush would copy later.
 // A deferred write allocates the host cluster and writes only its own
 // bytes; the cluster stays out of the L2 table, *pending*, with a map of
 // which kFineLockBytes units hold guest data. Reads map covered units to
@@ -25,7 +28,8 @@
 // entry is set: a run of small sequential writes fills a cluster without
 // reading the backing file (deferred copy-on-write). With extended L2
 // the entry is set, covered subclusters allocated, as soon as no write
-// is in flight: other writes into the cluster need not wait for the first.
+// is in flight: the stream's other writes into the cluster need not wait
+// for its first.
 // A flush (or a cluster-wide request on the cluster, or Close) copies
 // the uncovered units from the chain below (standard L2 only) and sets
 // the entry; a flush does not wait for writes in flight into the cluster
