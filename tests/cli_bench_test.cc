@@ -685,6 +685,91 @@ TEST(BenchCliTest, PatternFollowsQemuImgBench) {
   EXPECT_EQ(r.exit_code, 2) << r.err;
 }
 
+// A new image of `format` and `size` bytes, every byte `fill`.
+absl::Status CreateFilled(const std::string& path, ImageFormat format,
+                          uint64_t size, uint8_t fill) {
+  CreateOptions c;
+  c.format = format;
+  c.size = size;
+  if (absl::Status s = CreateImage(path, c); !s.ok()) return s;
+  OpenOptions o;
+  o.read_write = true;
+  o.format = format == ImageFormat::kRaw ? "raw" : "qcow2";
+  auto img = Image::Open(path, o);
+  if (!img.ok()) return img.status();
+  if (absl::Status s = (*img)->Write(0, std::vector<uint8_t>(size, fill));
+      !s.ok()) {
+    return s;
+  }
+  return (*img)->Close();
+}
+
+// --pair: the same requests go to two images in turns. A qcow2 overlay
+// (extended L2, over a backing file) and a raw file, both written with
+// the same pattern at the same offsets, must end up holding the same
+// guest data (qemu-img compare), each passing qemu-img check.
+TEST(BenchCliTest, PatternPairRunsTheSameRequestsOnBothImages) {
+  SKIP_WITHOUT_QEMU();
+  TempDir dir;
+  const std::string base = dir.File("base.qcow2");
+  const std::string top = dir.File("top.qcow2");
+  const std::string raw = dir.File("b.raw");
+  // The raw file holds what the base does, so the two read alike before.
+  ASSERT_OK(CreateFilled(base, ImageFormat::kQcow2, 4 << 20, 0x11));
+  ASSERT_OK(CreateFilled(raw, ImageFormat::kRaw, 4 << 20, 0x11));
+  CreateOptions ov;
+  ov.size = 4 << 20;
+  ov.extended_l2 = true;
+  ov.backing_file = base;
+  ov.backing_format = "qcow2";
+  ASSERT_OK(CreateImage(top, ov));
+
+  // 250 writes of 4 KiB, 68 KiB apart (wrapping at 4 MiB), in turns of
+  // 64: four turns each, the last short.
+  json::Value v = RunJson(dir, {"pattern", "-w", "-c", "250", "-d", "8",
+                                "-s", "4k", "-S", "68k", "--pattern=0xcd",
+                                "--burst=64", "--pair=" + raw, top});
+  EXPECT_EQ(v["params"]["pair"].as_string(), raw);
+  EXPECT_EQ(v["params"]["burst"].as_uint64(), 64u);
+  ASSERT_EQ(v["rows"].size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const json::Value& row = v["rows"][i];
+    EXPECT_EQ(row["image"].as_string(), i == 0 ? top : raw);
+    EXPECT_EQ(row["ops"].as_uint64(), 250u);
+    EXPECT_EQ(row["guest_bytes"].as_uint64(), 250u * 4096);
+    CheckRow(row, "write");
+  }
+  EXPECT_GT(v["rows"][0]["ratio_vs_pair"].as_double(), 0);
+  EXPECT_EQ(v["rows"][0]["bursts"].as_uint64(), 4u);
+  EXPECT_LE(v["rows"][0]["burst_ratio_q1"].as_double(),
+            v["rows"][0]["burst_ratio_median"].as_double());
+  EXPECT_LE(v["rows"][0]["burst_ratio_median"].as_double(),
+            v["rows"][0]["burst_ratio_q3"].as_double());
+  EXPECT_TRUE(v["rows"][1]["ratio_vs_pair"].is_null());
+  // The raw file took the guest bytes alone; the overlay its metadata too.
+  EXPECT_EQ(v["rows"][1]["host_write_bytes"].as_uint64(), 250u * 4096);
+  EXPECT_GT(v["rows"][0]["host_write_bytes"].as_uint64(), 250u * 4096);
+
+  testing::CommandResult check = testing::QemuCheck(top);
+  EXPECT_EQ(check.exit_code, 0) << check.out << check.err;
+  CommandResult cmp = RunCmd({"qemu-img", "compare", "-f", "qcow2", "-F",
+                              "raw", top, raw});
+  EXPECT_EQ(cmp.exit_code, 0) << cmp.out << cmp.err;
+  // The writes landed where qemu-img bench's offsets say: the 250th at
+  // 249 * 68 KiB modulo 4 MiB. The 4 KiB block 2 (8 KiB) is none of the
+  // 250 blocks 17 * k modulo 1024.
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> all, testing::QemuReadAll(top));
+  EXPECT_EQ(all[(249u * 68 * 1024) % (4u << 20)], 0xcd);
+  EXPECT_EQ(all[2 * 4096], 0x11);
+
+  CommandResult text = RunCmd({Qcowtool(), "bench", "pattern", "-q", "-c",
+                               "40", "-d", "4", "--burst=16", "--pair=" + raw,
+                               top});
+  EXPECT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_TRUE(absl::StrContains(text.out, "IOPS of " + top + " over " + raw))
+      << text.out;
+}
+
 TEST(BenchCliTest, BadOptionsExit1NamingThem) {
   struct Case {
     std::vector<std::string> args;
@@ -709,6 +794,10 @@ TEST(BenchCliTest, BadOptionsExit1NamingThem) {
       {{"pattern"}, "image"},
       {{"pattern", "-w", "--flush-interval=2", "-d", "8", "img"},
        "--flush-interval"},
+      {{"pattern", "-w", "--flush-interval=64", "-d", "8", "--pair=b", "a"},
+       "--pair"},
+      {{"pattern", "--pair=a", "a"}, "--pair"},
+      {{"pattern", "--burst=0", "--pair=b", "a"}, "--burst"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> argv = {Qcowtool(), "bench"};

@@ -123,6 +123,8 @@ enum LongOption {
   kPattern,
   kFlushInterval,
   kNoDrain,
+  kPair,
+  kBurst,
   kQuiet,
 };
 
@@ -154,6 +156,8 @@ const option kOptions[] = {
     {"pattern", required_argument, nullptr, kPattern},
     {"flush-interval", required_argument, nullptr, kFlushInterval},
     {"no-drain", no_argument, nullptr, kNoDrain},
+    {"pair", required_argument, nullptr, kPair},
+    {"burst", required_argument, nullptr, kBurst},
     {"help", no_argument, nullptr, 'h'},
     {nullptr, 0, nullptr, 0},
 };
@@ -227,6 +231,9 @@ absl::Status Apply(int c, const std::string& name, const char* arg,
     }
     case kNoDrain:
       p.drain_on_flush = false;
+      return absl::OkStatus();
+    case kPair:
+      p.pair = arg;
       return absl::OkStatus();
     case 'w':
       p.write = true;
@@ -321,6 +328,9 @@ absl::Status Apply(int c, const std::string& name, const char* arg,
       break;
     case kFlushInterval:
       take(ParseUint(name, arg, 0x7fffffff), p.flush_interval);
+      break;
+    case kBurst:
+      take(ParsePositiveInt(name, arg, 1 << 30), p.burst);
       break;
     case 'c':
       take(ParseUint(name, arg, 0x7fffffff), p.count);

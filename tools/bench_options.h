@@ -33,6 +33,8 @@ struct PatternFlags {
   bool drain_on_flush = true;    // --no-drain clears it
   std::string aio;               // -i (recorded; the engine decides)
   std::string image;             // the argument
+  std::string pair;              // --pair: a second image, run alongside
+  uint64_t burst = 16384;        // --burst: requests per turn with --pair
 };
 
 struct BenchOptions {

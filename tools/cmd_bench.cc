@@ -154,7 +154,7 @@ const Workload kWorkloads[] = {
      "usage: qcowtool bench pattern [-c COUNT] [-d DEPTH] [-f FMT]\n"
      "         [--flush-interval=N] [-i AIO] [-n] [--no-drain] [-o OFFSET]\n"
      "         [--pattern=BYTE] [-s SIZE] [-S STEP] [-t CACHE] [-w] [-U]\n"
-     "         IMAGE\n\n"
+     "         [--pair=IMAGE2 [--burst=N]] IMAGE\n\n"
      "Runs 'qemu-img bench' on IMAGE with the same flags and semantics:\n"
      "COUNT requests (default 75000) of SIZE bytes (default 4k), DEPTH in\n"
      "flight (default 64), at OFFSET (default 0), OFFSET+STEP, ... (STEP\n"
@@ -164,9 +164,18 @@ const Workload kWorkloads[] = {
      "library picks its engine). -U (reads only) opens IMAGE while another\n"
      "process writes it (the shared read lock only). Prints qemu-img bench's\n"
      "lines, then IOPS, MB/s, latency and the host bytes the library\n"
-     "counted.\n",
+     "counted.\n\n"
+     "  --pair=IMAGE2   run the same requests on IMAGE2 too, side by side:\n"
+     "                  both images open at once, each with its own queue,\n"
+     "                  taking turns in bursts (the order swapped every\n"
+     "                  burst), so that a slow spell of the machine lands\n"
+     "                  on both alike; prints both, and IMAGE's IOPS over\n"
+     "                  IMAGE2's (from the summed times, and the median\n"
+     "                  and quartiles of the bursts' ratios). Not with\n"
+     "                  --flush-interval.\n"
+     "  --burst=N       requests per turn with --pair (default 16384)\n",
      {"-c", "-d", "-f", "-i", "-n", "-o", "-s", "-S", "-w", "-U", "--pattern",
-      "--flush-interval", "--no-drain"},
+      "--flush-interval", "--no-drain", "--pair", "--burst"},
      false},
     {"cdm",
      RunCdm,

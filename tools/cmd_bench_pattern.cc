@@ -12,8 +12,20 @@
 // (qemu-img's happens when it closes the image) so that the host bytes
 // include the metadata. Completions only record what happened; the loop
 // itself submits (a Queue's callbacks run inside Poll()).
+//
+// With --pair=IMAGE2 both images are open at once, each with its own
+// queue, and take turns: --burst requests on one, then the same requests
+// on the other, the order swapped every burst, each image's offsets
+// carrying on from its last burst. Only the turns are timed (and their CPU
+// time counted), so a slow spell of a shared machine lands on both images
+// alike and their ratio stays meaningful where two runs one after the
+// other would differ by more than what is measured. Each image ends with
+// one untimed flush.
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,12 +60,20 @@ absl::Status Validate(const PatternFlags& p) {
       p.flush_interval < static_cast<uint64_t>(p.depth)) {
     return OptionError("--flush-interval can't be smaller than depth (-d)");
   }
+  if (!p.pair.empty() && p.flush_interval != 0) {
+    return OptionError("--flush-interval cannot be used with --pair");
+  }
+  if (!p.pair.empty() && p.pair == p.image) {
+    return OptionError("--pair must name another image than IMAGE");
+  }
   return absl::OkStatus();
 }
 
+// Runs p.count requests from p.offset; with `end_flush` (writes), then one
+// untimed flush.
 absl::StatusOr<JobResult> RunLoop(Queue& queue, const PatternFlags& p,
                                   uint64_t image_size, uint64_t step,
-                                  Progress& progress) {
+                                  Progress& progress, bool end_flush) {
   AlignedBuffer buffer(static_cast<size_t>(p.depth) * p.size, p.pattern);
   std::vector<Clock::time_point> started(p.depth);
   std::vector<int> free_slots;
@@ -120,7 +140,7 @@ absl::StatusOr<JobResult> RunLoop(Queue& queue, const PatternFlags& p,
   result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   // Untimed, as in qemu-img (whose final flush runs when the image is
   // closed), but inside the counters' window so metadata is counted.
-  if (b.error.ok() && p.write && !StopRequested()) {
+  if (b.error.ok() && p.write && end_flush && !StopRequested()) {
     absl::Status s = queue.SubmitFlush([&](absl::Status fs) {
       if (!fs.ok() && b.error.ok()) b.error = std::move(fs);
     });
@@ -132,19 +152,97 @@ absl::StatusOr<JobResult> RunLoop(Queue& queue, const PatternFlags& p,
   return result;
 }
 
+// One image of a run: open, its queue, where its next request goes and
+// what its requests did.
+struct Side {
+  std::string path;
+  std::unique_ptr<Image> image;
+  std::unique_ptr<Queue> queue;
+  std::string engine;
+  uint64_t size = 0;
+  uint64_t offset = 0;
+  IoStats before;
+  IoStats delta;  // set when it is closed
+  JobResult result;
+};
+
+absl::Status OpenSide(const Env& env, const PatternFlags& p, Side* side) {
+  OpenOptions open = BenchOpenOptions(env.direct, p.write, p.format);
+  open.force_share = p.force_share;
+  auto image = Image::Open(side->path, open);
+  if (!image.ok()) return image.status();
+  side->image = std::move(*image);
+  side->size = side->image->size();
+  side->engine = EngineName(*side->image);
+  side->offset = p.offset;
+  QueueOptions qo;
+  qo.depth = p.depth + 64;  // requests plus undrained flushes
+  auto queue = side->image->CreateQueue(qo);
+  if (!queue.ok()) return queue.status();
+  side->queue = std::move(*queue);
+  side->before = side->image->GetStats();
+  return absl::OkStatus();
+}
+
+// Runs `count` requests on `side` from where its last turn ended and adds
+// them (and the process's CPU time meanwhile) to its result. Returns the
+// turn's IOPS.
+absl::StatusOr<double> RunTurn(Side& side, const PatternFlags& p,
+                               uint64_t step, uint64_t count,
+                               Progress& progress, bool end_flush) {
+  PatternFlags turn = p;
+  turn.count = count;
+  turn.offset = side.offset;
+  const double cpu0 = ProcessCpuSeconds();
+  auto r = RunLoop(*side.queue, turn, side.size, step, progress, end_flush);
+  if (!r.ok()) return r.status();
+  side.result.cpu_seconds += ProcessCpuSeconds() - cpu0;
+  side.result.ops += r->ops;
+  side.result.bytes += r->bytes;
+  side.result.seconds += r->seconds;
+  side.result.latency.Merge(r->latency);
+  if (side.size != 0) {
+    side.offset = static_cast<uint64_t>(
+        (static_cast<unsigned __int128>(side.offset) +
+         static_cast<unsigned __int128>(count) * step) %
+        side.size);
+  }
+  return r->iops();
+}
+
+// One flush, waited for (not timed).
+absl::Status FlushSide(Side& side) {
+  absl::Status result;
+  absl::Status s = side.queue->SubmitFlush(
+      [&result](absl::Status fs) { result = std::move(fs); });
+  if (!s.ok()) return s;
+  side.queue->Drain();
+  return result;
+}
+
+// The q-quantile (0..1) of sorted `v`, interpolated. REQUIRES: v not empty.
+double Quantile(const std::vector<double>& v, double q) {
+  const double at = q * static_cast<double>(v.size() - 1);
+  const size_t lo = static_cast<size_t>(at);
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (at - static_cast<double>(lo));
+}
+
 }  // namespace
 
 absl::Status RunPattern(Env& env, Report* report) {
   const PatternFlags& p = env.opts.pattern;
   if (absl::Status s = Validate(p); !s.ok()) return s;
   const uint64_t step = p.step.value_or(0) != 0 ? *p.step : p.size;
+  const bool paired = !p.pair.empty();
 
-  OpenOptions open = BenchOpenOptions(env.direct, p.write, p.format);
-  open.force_share = p.force_share;
-  auto image = Image::Open(p.image, open);
-  if (!image.ok()) return image.status();
-  const uint64_t image_size = (*image)->size();
-  const std::string engine = EngineName(**image);
+  std::vector<Side> sides(paired ? 2 : 1);
+  sides[0].path = p.image;
+  if (paired) sides[1].path = p.pair;
+  for (Side& side : sides) {
+    if (absl::Status s = OpenSide(env, p, &side); !s.ok()) return s;
+  }
+  const std::string& engine = sides[0].engine;
 
   report->params.Set("image", Value::Str(p.image))
       .Set("op", Value::Str(p.write ? "write" : "read"))
@@ -157,32 +255,84 @@ absl::Status RunPattern(Env& env, Report* report) {
       .Set("flush_interval", Value::Uint(p.flush_interval))
       .Set("drain_on_flush", Value::Bool(p.drain_on_flush))
       .Set("aio", p.aio.empty() ? Value() : Value::Str(p.aio))
-      .Set("image_size", Value::Uint(image_size));
+      .Set("image_size", Value::Uint(sides[0].size))
+      .Set("pair", paired ? Value::Str(p.pair) : Value())
+      .Set("burst", paired ? Value::Uint(p.burst) : Value());
   AddCommonParams(env.direct, engine, &report->params);
 
-  QueueOptions qo;
-  qo.depth = p.depth + 64;  // requests plus undrained flushes
-  auto queue = (*image)->CreateQueue(qo);
-  if (!queue.ok()) return queue.status();
-  env.progress.BeginCell(absl::StrFormat("%u %s requests of %u bytes", p.count,
-                                         p.write ? "write" : "read", p.size));
-  const IoStats before = (*image)->GetStats();
-  const double cpu0 = ProcessCpuSeconds();
-  auto r = RunLoop(**queue, p, image_size, step, env.progress);
-  if (r.ok()) r->cpu_seconds = ProcessCpuSeconds() - cpu0;
-  queue->reset();
-  if (!r.ok()) return r.status();
-  const IoStats delta = (*image)->GetStats().Since(before);
-  env.progress.EndCell(CellSummary(*r));
-  if (absl::Status s = (*image)->Close(); !s.ok()) return s;
+  env.progress.BeginCell(absl::StrFormat(
+      "%u %s requests of %u bytes%s", p.count, p.write ? "write" : "read",
+      p.size, paired ? " on each of two images, taking turns" : ""));
+  // The ratio of the first image's IOPS to the second's in each pair of
+  // turns.
+  std::vector<double> ratios;
+  if (!paired) {
+    auto r = RunTurn(sides[0], p, step, p.count, env.progress,
+                     /*end_flush=*/true);
+    if (!r.ok()) return r.status();
+  } else {
+    uint64_t done = 0;
+    for (uint64_t k = 0; done < p.count; ++k) {
+      const uint64_t n = std::min(p.burst, p.count - done);
+      double iops[2] = {0, 0};
+      for (int j = 0; j < 2; ++j) {
+        const int i = k % 2 == 0 ? j : 1 - j;
+        auto r = RunTurn(sides[i], p, step, n, env.progress,
+                         /*end_flush=*/false);
+        if (!r.ok()) return r.status();
+        iops[i] = *r;
+      }
+      if (iops[1] > 0) ratios.push_back(iops[0] / iops[1]);
+      done += n;
+    }
+    if (p.write) {
+      for (Side& side : sides) {
+        if (absl::Status s = FlushSide(side); !s.ok()) return s;
+      }
+    }
+  }
+  std::string summary;
+  for (Side& side : sides) {
+    side.queue.reset();
+    side.delta = side.image->GetStats().Since(side.before);
+    if (absl::Status s = side.image->Close(); !s.ok()) return s;
+    if (!summary.empty()) summary += "; ";
+    summary += CellSummary(side.result);
+  }
+  env.progress.EndCell(summary);
 
-  Record row;
-  row.Set("op", Value::Str(p.write ? "write" : "read"))
-      .Set("bs", Value::Uint(p.size))
-      .Set("qd", Value::Uint(p.depth));
-  AddRateColumns(*r, &row);
-  AddIoColumns(delta, p.write ? Op::kWrite : Op::kRead, &row);
-  report->rows.push_back(row);
+  std::optional<double> ratio;
+  if (paired && sides[1].result.iops() > 0) {
+    ratio = sides[0].result.iops() / sides[1].result.iops();
+  }
+  std::sort(ratios.begin(), ratios.end());
+  auto quantile = [&](double q) -> std::optional<double> {
+    if (ratios.empty()) return std::nullopt;
+    return Quantile(ratios, q);
+  };
+  for (size_t i = 0; i < sides.size(); ++i) {
+    const Side& side = sides[i];
+    Record row;
+    row.Set("op", Value::Str(p.write ? "write" : "read"))
+        .Set("bs", Value::Uint(p.size))
+        .Set("qd", Value::Uint(p.depth));
+    if (paired) row.Set("image", Value::Str(side.path));
+    AddRateColumns(side.result, &row);
+    AddIoColumns(side.delta, p.write ? Op::kWrite : Op::kRead, &row);
+    if (paired) {
+      // The first image's row carries the ratios to the second's.
+      const bool first = i == 0;
+      row.Set("ratio_vs_pair", Value::Ratio(first ? ratio : std::nullopt))
+          .Set("burst_ratio_median",
+               Value::Ratio(first ? quantile(0.5) : std::nullopt))
+          .Set("burst_ratio_q1",
+               Value::Ratio(first ? quantile(0.25) : std::nullopt))
+          .Set("burst_ratio_q3",
+               Value::Ratio(first ? quantile(0.75) : std::nullopt))
+          .Set("bursts", first ? Value::Uint(ratios.size()) : Value());
+    }
+    report->rows.push_back(row);
+  }
 
   // qemu-img bench's own lines, then ours.
   report->head = absl::StrFormat(
@@ -193,24 +343,43 @@ absl::Status RunPattern(Env& env, Report* report) {
     absl::StrAppendFormat(&report->head, "Sending flush every %u requests\n",
                           p.flush_interval);
   }
-  absl::StrAppendFormat(&report->head, "Run completed in %3.3f seconds.\n",
-                        r->seconds);
-  auto cell = [&](const char* key, int decimals) {
-    return FormatCell(*row.Find(key), decimals);
-  };
-  absl::StrAppendFormat(
-      &report->head,
-      "%.0f IOPS, %.2f MB/s, latency p50 %s us, p99 %s us, CPU %s us per "
-      "request\n"
-      "Host I/O (libqcow2 counters): %s bytes read, %s bytes written for %s "
-      "guest bytes; write amplification %s, COW read per guest byte %s\n"
-      "Engine: %s, cache: %s\n",
-      r->iops(), r->mb_per_s(), cell("lat_p50_us", 1), cell("lat_p99_us", 1),
-      cell("cpu_us_per_op", 2),
-      cell("host_read_bytes", 0), cell("host_write_bytes", 0),
-      cell("guest_bytes", 0), cell("write_amplification", 3),
-      cell("cow_read_per_guest_byte", 3), engine,
-      env.direct ? "none" : "writeback");
+  if (paired) {
+    absl::StrAppendFormat(&report->head,
+                          "The same requests to %s, taking turns of %u "
+                          "requests with %s\n",
+                          p.pair, p.burst, p.image);
+  }
+  for (size_t i = 0; i < sides.size(); ++i) {
+    const Side& side = sides[i];
+    const Record& row = report->rows[i];
+    auto cell = [&](const char* key, int decimals) {
+      return FormatCell(*row.Find(key), decimals);
+    };
+    const std::string who = paired ? side.path + ": " : "";
+    absl::StrAppendFormat(&report->head, "%sRun completed in %3.3f seconds.\n",
+                          who, side.result.seconds);
+    absl::StrAppendFormat(
+        &report->head,
+        "%s%.0f IOPS, %.2f MB/s, latency p50 %s us, p99 %s us, CPU %s us per "
+        "request\n"
+        "%sHost I/O (libqcow2 counters): %s bytes read, %s bytes written for "
+        "%s guest bytes; write amplification %s, COW read per guest byte %s\n",
+        who, side.result.iops(), side.result.mb_per_s(), cell("lat_p50_us", 1),
+        cell("lat_p99_us", 1), cell("cpu_us_per_op", 2), who,
+        cell("host_read_bytes", 0), cell("host_write_bytes", 0),
+        cell("guest_bytes", 0), cell("write_amplification", 3),
+        cell("cow_read_per_guest_byte", 3));
+  }
+  if (paired && ratio) {
+    absl::StrAppendFormat(
+        &report->head,
+        "IOPS of %s over %s: %.3f; over %u pairs of turns: median %.3f, "
+        "quartiles %.3f-%.3f\n",
+        p.image, p.pair, *ratio, ratios.size(), *quantile(0.5),
+        *quantile(0.25), *quantile(0.75));
+  }
+  absl::StrAppendFormat(&report->head, "Engine: %s, cache: %s\n", engine,
+                        env.direct ? "none" : "writeback");
   return absl::OkStatus();
 }
 
