@@ -207,7 +207,9 @@ TEST_F(KillSweepTest, EveryFlushedWriteSurvivesSigkill) {
   // that finishes anyway (a fast run) is checked the same and not counted.
   while (kills < want_kills && round < 2 * want_kills) {
     ++round;
-    if (round % 10 == 1) ASSERT_NO_FATAL_FAILURE(fresh());
+    if (round % 10 == 1) {
+      ASSERT_NO_FATAL_FAILURE(fresh());
+    }
     const std::vector<Group> script = MakeScript(&rng, kGroups, round);
     const auto delay = std::chrono::microseconds(
         rng() % static_cast<uint64_t>(full.count() * 9 / 10 + 1));
