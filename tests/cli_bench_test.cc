@@ -798,6 +798,7 @@ TEST(BenchCliTest, BadOptionsExit1NamingThem) {
        "--pair"},
       {{"pattern", "--pair=a", "a"}, "--pair"},
       {{"pattern", "--burst=0", "--pair=b", "a"}, "--burst"},
+      {{"pattern", "--burst=8", "a"}, "--burst"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> argv = {Qcowtool(), "bench"};

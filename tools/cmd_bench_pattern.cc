@@ -235,6 +235,9 @@ absl::Status RunPattern(Env& env, Report* report) {
   if (absl::Status s = Validate(p); !s.ok()) return s;
   const uint64_t step = p.step.value_or(0) != 0 ? *p.step : p.size;
   const bool paired = !p.pair.empty();
+  if (!paired && env.opts.Given("--burst")) {
+    return OptionError("--burst is only used with --pair");
+  }
 
   std::vector<Side> sides(paired ? 2 : 1);
   sides[0].path = p.image;
