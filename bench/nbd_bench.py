@@ -13,6 +13,12 @@ own, so that they can all run at once):
                    image: qemu-nbd through the page cache
   raw              nbdkit's `file` plugin on a raw file with the same bytes:
                    the transport's ceiling (no format at all; page cache)
+  raw-nbdkit-direct
+                   nbdkit with bench/nbdkit_rawdirect_plugin.cc on the raw
+                   file: one O_DIRECT pread or pwrite a request on nbdkit's
+                   worker thread, the ceiling of nbdkit's thread-per-request
+                   model for the O_DIRECT servers (built next to qcowtool;
+                   left out, with a note, when it is not there)
   raw-direct       (only with --servers) qemu-nbd --cache=none on the raw
                    file: the ceiling for the O_DIRECT servers
 
@@ -44,7 +50,8 @@ and a markdown table (--table FILE, default stdout) with MB/s for SEQ rows
 and IOPS for RND rows, and the ratios that compare like with like:
 qcowtool / qemu-nbd (both O_DIRECT), qcowtool-cached / qemu-nbd-cached
 (both through the page cache), qcowtool-cached / raw (both through the
-page cache, one nbdkit each: what libqcow2 costs over a raw file), and
+page cache, one nbdkit each: what libqcow2 costs over a raw file),
+qcowtool / raw-nbdkit-direct (both O_DIRECT, one nbdkit each), and
 qcowtool / raw-direct when that server runs. Every qcow2 image a qcowtool
 server wrote is checked with `qemu-img check` afterwards.
 
@@ -77,7 +84,7 @@ CDM_JOBS = [
     ("RND4K-Q1T1", "randwrite", "4k", 1, 1),
 ]
 SERVERS = ["qcowtool", "qemu-nbd", "qcowtool-cached", "qemu-nbd-cached",
-           "raw"]
+           "raw", "raw-nbdkit-direct"]
 # Optional (--servers): the raw file through qemu-nbd with O_DIRECT, the
 # ceiling for O_DIRECT servers (nbdkit's file plugin goes through the page
 # cache).
@@ -85,7 +92,8 @@ EXTRA_SERVERS = ["raw-direct"]
 # The ratios the table prints: (server, against), each pair in the same
 # cache mode (O_DIRECT against O_DIRECT, page cache against page cache).
 RATIOS = [("qcowtool", "qemu-nbd"), ("qcowtool-cached", "qemu-nbd-cached"),
-          ("qcowtool-cached", "raw"), ("qcowtool", "raw-direct")]
+          ("qcowtool-cached", "raw"), ("qcowtool", "raw-nbdkit-direct"),
+          ("qcowtool", "raw-direct")]
 
 
 def log(msg):
@@ -137,6 +145,9 @@ class Server:
             cache = "none" if kind == "qemu-nbd" else "writeback"
             argv = ["qemu-nbd", "-k", sock, "-f", "qcow2", "--aio=io_uring",
                     "--cache=" + cache, "--shared=64", "--persistent", image]
+        elif kind == "raw-nbdkit-direct":
+            argv = ["nbdkit", "--foreground", "--unix", sock,
+                    args.rawdirect_plugin, image]
         elif kind == "raw-direct":
             argv = ["qemu-nbd", "-k", sock, "-f", "raw", "--aio=io_uring",
                     "--cache=none", "--shared=64", "--persistent", image]
@@ -339,7 +350,7 @@ def keep(best, server, job, rw, iops, bw, lat):
     """Records one run; the fastest of a (server, job, rw) is kept."""
     row = dict(server=server, job=job, rw=rw, iops=round(iops, 1),
                mbps=round(bw, 1), lat_us=round(lat, 1))
-    log("  %-15s %-18s %-9s %10.0f IOPS %9.1f MB/s %9.1f us" % (
+    log("  %-17s %-18s %-9s %10.0f IOPS %9.1f MB/s %9.1f us" % (
         server, job, rw, iops, bw, lat))
     key = (server, job, rw)
     if key not in best or best[key]["iops"] < row["iops"]:
@@ -389,8 +400,12 @@ def main():
                     help="seconds per job (default 5)")
     ap.add_argument("--dir", help="work directory (default: a new one under "
                     "$TMPDIR, removed afterwards)")
-    ap.add_argument("--servers", default=",".join(SERVERS),
-                    help="comma-separated subset of " + ",".join(SERVERS))
+    ap.add_argument("--servers", default="",
+                    help="comma-separated subset of " + ",".join(SERVERS) +
+                    " (default: all of them)")
+    ap.add_argument("--rawdirect-plugin",
+                    help="nbdkit-rawdirect-plugin.so for the "
+                    "raw-nbdkit-direct server (default: next to qcowtool)")
     ap.add_argument("--serve-args", default="",
                     help="more options for qcowtool serve (e.g. "
                     "'--threads 32' or '--sync')")
@@ -419,6 +434,23 @@ def main():
         log("nbd_bench: no qcowtool at %s (--qcowtool)" % args.qcowtool)
         return 1
     args.qcowtool = os.path.abspath(args.qcowtool)
+    if not args.rawdirect_plugin:
+        args.rawdirect_plugin = os.path.join(os.path.dirname(args.qcowtool),
+                                             "nbdkit-rawdirect-plugin.so")
+    kinds = args.servers.split(",") if args.servers else list(SERVERS)
+    for kind in kinds:
+        if kind not in SERVERS + EXTRA_SERVERS:
+            log("nbd_bench: unknown server '%s' (--servers)" % kind)
+            return 1
+    if ("raw-nbdkit-direct" in kinds and
+            not os.path.exists(args.rawdirect_plugin)):
+        if args.servers:
+            log("nbd_bench: no %s (--rawdirect-plugin) for the "
+                "raw-nbdkit-direct server" % args.rawdirect_plugin)
+            return 1
+        log("nbd_bench: no %s: the raw-nbdkit-direct server is left out" %
+            args.rawdirect_plugin)
+        kinds.remove("raw-nbdkit-direct")
 
     work = args.dir or tempfile.mkdtemp(prefix="nbd_bench.")
     os.makedirs(work, exist_ok=True)
@@ -431,11 +463,6 @@ def main():
             " ".join("%.2f" % x for x in os.getloadavg())))
         make_data_file(raw, size)
         run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", raw, qcow])
-        kinds = args.servers.split(",")
-        for kind in kinds:
-            if kind not in SERVERS + EXTRA_SERVERS:
-                log("nbd_bench: unknown server '%s' (--servers)" % kind)
-                return 1
         best = {}
         bench_cdm(kinds, work, args, size, best)
         bench_fresh(kinds, work, args, size, best)

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # nbd_bench_small (label "bench"): bench/nbd_bench.py --small, fio through
-# NBD against `qcowtool serve`, qemu-nbd and nbdkit's file plugin on a
+# NBD against `qcowtool serve`, qemu-nbd, nbdkit's file plugin and the
+# bench-only O_DIRECT ceiling (nbdkit-rawdirect-plugin.so) on a
 # 64 MiB image, 1 s per job (~2 minutes on a loaded 2-CPU machine).
 # Skipped (exit 77) without nbdkit, qemu-nbd or fio's nbd engine;
 # registered only with the nbdkit plugin.
