@@ -18,7 +18,8 @@ own, so that they can all run at once):
                    file: one O_DIRECT pread or pwrite a request on nbdkit's
                    worker thread, the ceiling of nbdkit's thread-per-request
                    model for the O_DIRECT servers (built next to qcowtool;
-                   left out, with a note, when it is not there)
+                   left out, with a note, when it is not there, unless
+                   --servers or --rawdirect-plugin names it)
   raw-direct       (only with --servers) qemu-nbd --cache=none on the raw
                    file: the ceiling for the O_DIRECT servers
 
@@ -434,7 +435,8 @@ def main():
         log("nbd_bench: no qcowtool at %s (--qcowtool)" % args.qcowtool)
         return 1
     args.qcowtool = os.path.abspath(args.qcowtool)
-    if not args.rawdirect_plugin:
+    plugin_named = args.rawdirect_plugin is not None
+    if not plugin_named:
         args.rawdirect_plugin = os.path.join(os.path.dirname(args.qcowtool),
                                              "nbdkit-rawdirect-plugin.so")
     kinds = args.servers.split(",") if args.servers else list(SERVERS)
@@ -444,7 +446,7 @@ def main():
             return 1
     if ("raw-nbdkit-direct" in kinds and
             not os.path.exists(args.rawdirect_plugin)):
-        if args.servers:
+        if args.servers or plugin_named:
             log("nbd_bench: no %s (--rawdirect-plugin) for the "
                 "raw-nbdkit-direct server" % args.rawdirect_plugin)
             return 1
