@@ -79,8 +79,13 @@ class Chain {
 
   // Grows the disk (the top's L1 table is reallocated when needed).
   absl::Status Resize(uint64_t new_size);
-  // Flushes and closes every layer; the chain takes no request after.
+  // Flushes and closes every layer; the chain takes no request after. The
+  // image locks stay until DropImageLocksAfterClose.
   absl::Status Close();
+  // After Close, once no request of ours can still write the files: gives
+  // up every image lock, so that others may open the image at once rather
+  // than when the files are closed. Does nothing before Close, or twice.
+  void DropImageLocksAfterClose();
   // A live external snapshot: a new qcow2 overlay at `path` becomes the
   // top; the old top is flushed, marked clean and kept read-only below.
   absl::Status CreateOverlay(const std::string& path,
@@ -148,6 +153,7 @@ class Chain {
   OpenOptions opts_;
   bool writable_ = false;
   bool closed_ = false;
+  bool locks_dropped_ = false;  // DropImageLocksAfterClose ran
 };
 
 }  // namespace qcow2::internal

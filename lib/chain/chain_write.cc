@@ -73,7 +73,7 @@ int LockFd(File* file) {
   file = Unwrapped(file);
   if (File* inner = GuardedFile(file)) file = Unwrapped(inner);
   auto* posix = dynamic_cast<PosixFile*>(file);
-  return posix != nullptr ? posix->fd() : -1;
+  return posix != nullptr ? posix->lock_fd() : -1;
 }
 
 absl::Status Chain::Close() {
@@ -85,13 +85,17 @@ absl::Status Chain::Close() {
     absl::Status s = layer->Close();
     if (result.ok() && !s.ok()) result = s;
   }
-  // A closed image lets others in at once, not when the Image object dies.
+  return result;
+}
+
+void Chain::DropImageLocksAfterClose() {
+  if (!closed_ || locks_dropped_) return;
+  locks_dropped_ = true;
   for (auto& layer : layers_) {
     if (int fd = LockFd(layer->file()); fd >= 0) {
       DropImageLocks(fd, LockPerms{kPermAll, 0}, LockPerms{});
     }
   }
-  return result;
 }
 
 absl::Status Chain::CreateOverlay(const std::string& path,

@@ -227,6 +227,9 @@ class Engine {
   // stops them.
   absl::Status RunCommits(Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishLocked(Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A request counted in unfinished_ has done its last write;
+  // after Close, the last one drops the image locks.
+  void RequestEndedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The top layer for a snapshot change: open, writable, qcow2, and no
   // Queue open.
   absl::StatusOr<Qcow2Layer*> SnapshotTarget(const std::string& what)
@@ -273,6 +276,10 @@ class Engine {
   FlushGroup flushes_ ABSL_GUARDED_BY(mu_);
   // A live stream or commit runs (BeginLiveJob).
   bool live_job_ ABSL_GUARDED_BY(mu_) = false;
+  // Requests begun (Begin) and not finished (Finish): I/O
+  // of ours that may still reach the files. Close drops the image locks
+  // only when it is zero.
+  int unfinished_ ABSL_GUARDED_BY(mu_) = 0;
   StatsRegistry stats_;
 };
 
