@@ -70,8 +70,19 @@ if(QCOW2_BUILD_TOOLS)
     COMPONENT qcow2_tools)
 endif()
 
-# Per-package copyright and changelog, as Debian's policy places them.
+# Per-package copyright and changelog, as Debian's policy places them;
+# the static library without its debug sections, as dh_strip leaves it
+# (CPack strips only the shared objects and executables).
 if(QCOW2_DEB_LAYOUT)
+# The plugin's RUNPATH (nbd/CMakeLists.txt) is for prefixes outside the
+# linker's path; /usr/lib/<multiarch> is in it, and Debian forbids the
+# redundant one.
+if(TARGET nbdkit_libqcow2_plugin)
+  set_target_properties(nbdkit_libqcow2_plugin PROPERTIES INSTALL_RPATH "")
+endif()
+install(CODE "execute_process(COMMAND strip --strip-debug --remove-section=.comment
+  \"\$ENV{DESTDIR}\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_LIBDIR}/libqcow2.a\"
+  COMMAND_ERROR_IS_FATAL ANY)" COMPONENT qcow2_development)
 set(QCOW2_DEB_DOC_DIR ${PROJECT_BINARY_DIR}/deb-doc)
 string(TIMESTAMP QCOW2_DEB_DATE "%a, %d %b %Y %H:%M:%S +0000" UTC)
 set(QCOW2_DEB_VERSION ${PROJECT_VERSION}-${QCOW2_DEB_RELEASE})
@@ -100,7 +111,8 @@ set(CPACK_GENERATOR DEB)
 set(CPACK_PACKAGE_NAME libqcow2)
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
 set(CPACK_PACKAGE_CONTACT "${QCOW2_DEB_MAINTAINER}")
-set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "qcow2 disk image library and tool")
+# No CPACK_PACKAGE_DESCRIPTION_SUMMARY: CPack would put it before each
+# package's own summary line.
 set(CPACK_PACKAGE_DIRECTORY ${PROJECT_BINARY_DIR}/packages)
 set(CPACK_STRIP_FILES ON)
 set(CPACK_DEB_COMPONENT_INSTALL ON)
@@ -119,10 +131,20 @@ set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 # named below.
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS_PRIVATE_DIRS ${PROJECT_BINARY_DIR})
 
+# ldconfig runs through dpkg's trigger (Debian's way since 2015); CPack's
+# own postinst/postrm calls stay as well (lintian: a warning only).
+file(WRITE ${PROJECT_BINARY_DIR}/deb-control/libqcow2-0/triggers
+  "activate-noawait ldconfig\n")
+set(CPACK_DEBIAN_QCOW2_RUNTIME_PACKAGE_CONTROL_EXTRA
+  ${PROJECT_BINARY_DIR}/deb-control/libqcow2-0/triggers)
+set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
 set(CPACK_DEBIAN_QCOW2_RUNTIME_PACKAGE_NAME libqcow2-0)
 set(CPACK_DEBIAN_QCOW2_RUNTIME_PACKAGE_SECTION libs)
-set(CPACK_DEBIAN_QCOW2_RUNTIME_PACKAGE_GENERATE_SHLIBS ON)
-set(CPACK_DEBIAN_QCOW2_RUNTIME_PACKAGE_GENERATE_SHLIBS_POLICY ">=")
+# A shlibs control file for every package with a SONAME'd library (only
+# libqcow2-0 has one), so that packages built against it depend on it.
+# (CPack warns that the nbdkit plugin has no SONAME: a plugin needs none.)
+set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
+set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS_POLICY ">=")
 set(CPACK_DEBIAN_QCOW2_RUNTIME_DESCRIPTION
   "qcow2 disk image library (shared library)
 libqcow2 reads and writes qcow2 disk images and their backing chains from
