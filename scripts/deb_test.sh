@@ -92,7 +92,7 @@ fail() {
 
 # --- build ---------------------------------------------------------------
 git clone -q --no-hardlinks "$src" "$tmp/src"
-if ! bash "$tmp/src/scripts/package.sh" --build "$tmp/build" --out "$tmp/debs" \
+if ! bash "$tmp/src/scripts/package.sh" --out "$tmp/debs" \
      >"$logs/build.log" 2>&1; then
   fail build "scripts/package.sh failed from a clean clone" "$logs/build.log"
   exit 1
