@@ -135,27 +135,29 @@ mkdir -p "$work"
 clean() { (cd "$work" && env -i PATH=/usr/bin:/bin HOME="$work" LC_ALL=C.UTF-8 "$@"); }
 
 # --- tool ----------------------------------------------------------------
-{
-  set -x
-  [ "$(clean command -v qcowtool)" = /usr/bin/qcowtool ]
-  ! ldd /usr/bin/qcowtool | grep -e "not found" -e "$tmp" -e "$src"
-  clean qcowtool --version | grep -x "qcowtool version .* (libqcow2 .*)"
-  clean qcowtool create -q -f qcow2 disk.qcow2 64M
-  clean qcowtool io -c "write -P 0x5a 1M 3M" -c "write -z 8M 1M" disk.qcow2
-  clean qcowtool io -r -c "read -P 0x5a 1M 3M" -c "read -P 0 8M 1M" disk.qcow2
-  clean qcowtool check disk.qcow2
-  clean qemu-img check disk.qcow2
-  clean qemu-io -r -c "read -P 0x5a 1M 3M" disk.qcow2 | grep -q "read 3145728/3145728"
-  clean qcowtool dd -O raw if=disk.qcow2 of=copy.raw bs=1M count=4
-  [ "$(stat -c %s "$work/copy.raw")" = 4194304 ]
-  clean qemu-img convert -O raw disk.qcow2 full.raw
-  cmp -n 4194304 "$work/full.raw" "$work/copy.raw"
-  ls /usr/lib/*/nbdkit/plugins/nbdkit-libqcow2-plugin.so
-} >"$logs/tool.log" 2>&1 && tool_rc=0 || tool_rc=$?
-if [ "$tool_rc" = 0 ]; then
-  pass tool "create, io, check, dd from /usr/bin/qcowtool; qemu-img check clean"
+# Each step logged, the first failure ends the check (set -e does not
+# work inside a function called from an && list).
+step() { echo "+ $*"; "$@"; }
+tool_check() {
+  step test "$(clean command -v qcowtool)" = /usr/bin/qcowtool || return 1
+  step sh -c "! ldd /usr/bin/qcowtool | grep -e 'not found' -e '$tmp' -e '$src'" || return 1
+  clean qcowtool --version | step grep -x "qcowtool version .* (libqcow2 .*)" || return 1
+  step clean qcowtool create -q -f qcow2 disk.qcow2 64M || return 1
+  step clean qcowtool io -c "write -P 0x5a 1M 3M" -c "write -z 8M 1M" disk.qcow2 || return 1
+  step clean qcowtool io -r -c "read -P 0x5a 1M 3M" -c "read -P 0 8M 1M" disk.qcow2 || return 1
+  step clean qcowtool check disk.qcow2 || return 1
+  step clean qemu-img check disk.qcow2 || return 1
+  clean qemu-io -r -c "read -P 0x5a 1M 3M" disk.qcow2 | step grep "read 3145728/3145728" || return 1
+  step clean qcowtool dd -O raw if=disk.qcow2 of=copy.raw bs=1M count=4 || return 1
+  step test "$(stat -c %s "$work/copy.raw")" = 4194304 || return 1
+  step clean qemu-img convert -O raw disk.qcow2 full.raw || return 1
+  step cmp -n 4194304 "$work/full.raw" "$work/copy.raw" || return 1
+  step ls /usr/lib/*/nbdkit/plugins/nbdkit-libqcow2-plugin.so
+}
+if tool_check >"$logs/tool.log" 2>&1; then
+  pass tool "create, io, check, dd from /usr/bin/qcowtool; qemu-img check clean, qemu-io reads the data"
 else
-  fail tool "a command failed (the last one in the log)" "$logs/tool.log"
+  fail tool "a step failed (the last one in the log)" "$logs/tool.log"
 fi
 
 # --- man -----------------------------------------------------------------
