@@ -11,8 +11,8 @@
 #   tool       with only what the packages installed (a clean environment,
 #              no build tree on any path): qcowtool --version, create, io
 #              (write, then read back the pattern), check; qemu-img check of
-#              the image and qemu-img's reading of the data; the nbdkit
-#              plugin is where qcowtool looks for it
+#              the image and qemu-io's reading of the data; dd; serve
+#              (the installed nbdkit plugin) read by nbdinfo
 #   man        `man qcowtool` renders and has every command's section;
 #              `man 3 libqcow2` renders
 #   pkg-config examples/c_epoll (C11, the C API) built with
@@ -132,14 +132,14 @@ fi
 # far from the build.
 work="$tmp/work"
 mkdir -p "$work"
-clean() { (cd "$work" && env -i PATH=/usr/bin:/bin HOME="$work" LC_ALL=C.UTF-8 "$@"); }
+clean() { (cd "$work" && exec env -i PATH=/usr/bin:/bin HOME="$work" LC_ALL=C.UTF-8 "$@"); }
 
 # --- tool ----------------------------------------------------------------
 # Each step logged, the first failure ends the check (set -e does not
 # work inside a function called from an && list).
 step() { echo "+ $*"; "$@"; }
 tool_check() {
-  step test "$(clean command -v qcowtool)" = /usr/bin/qcowtool || return 1
+  step test "$(clean sh -c 'command -v qcowtool')" = /usr/bin/qcowtool || return 1
   step sh -c "! ldd /usr/bin/qcowtool | grep -e 'not found' -e '$tmp' -e '$src'" || return 1
   clean qcowtool --version | step grep -x "qcowtool version .* (libqcow2 .*)" || return 1
   step clean qcowtool create -q -f qcow2 disk.qcow2 64M || return 1
@@ -152,10 +152,26 @@ tool_check() {
   step test "$(stat -c %s "$work/copy.raw")" = 4194304 || return 1
   step clean qemu-img convert -O raw disk.qcow2 full.raw || return 1
   step cmp -n 4194304 "$work/full.raw" "$work/copy.raw" || return 1
-  step ls /usr/lib/*/nbdkit/plugins/nbdkit-libqcow2-plugin.so
+  step ls /usr/lib/*/nbdkit/plugins/nbdkit-libqcow2-plugin.so || return 1
+  serve_check
+}
+# qcowtool serve finds the installed plugin: nbdinfo reads the size.
+serve_check() {
+  local sock="$work/nbd.sock" pid size i
+  clean qcowtool serve --socket "$sock" -r disk.qcow2 >"$logs/serve.log" 2>&1 &
+  pid=$!
+  for i in $(seq 100); do
+    [ -S "$sock" ] && break
+    sleep 0.1
+  done
+  size=$(clean nbdinfo --size "nbd+unix:///?socket=$sock")
+  echo "+ nbdinfo --size: $size"
+  kill "$pid" 2>/dev/null
+  wait "$pid" 2>/dev/null
+  step test "$size" = 67108864
 }
 if tool_check >"$logs/tool.log" 2>&1; then
-  pass tool "create, io, check, dd from /usr/bin/qcowtool; qemu-img check clean, qemu-io reads the data"
+  pass tool "create, io, check, dd, serve from /usr/bin/qcowtool; qemu-img check clean, qemu-io and nbdinfo read it"
 else
   fail tool "a step failed (the last one in the log)" "$logs/tool.log"
 fi
