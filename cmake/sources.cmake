@@ -99,6 +99,7 @@ set(QCOWTOOL_SOURCES
   ${PROJECT_SOURCE_DIR}/tools/cmd_convert.cc
   ${PROJECT_SOURCE_DIR}/tools/convert_copy.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_create.cc
+  ${PROJECT_SOURCE_DIR}/tools/cmd_dd.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_info.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_io.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_map.cc

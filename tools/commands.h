@@ -29,6 +29,7 @@ int RunRebase(int argc, char** argv);
 int RunCommit(int argc, char** argv);
 int RunStream(int argc, char** argv);
 int RunAmend(int argc, char** argv);
+int RunDd(int argc, char** argv);
 
 }  // namespace qcow2::tool
 
