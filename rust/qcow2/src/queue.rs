@@ -6,7 +6,7 @@ use crate::image::Image;
 use qcow2_sys as sys;
 use std::fs::File;
 use std::io::{self, IoSlice, IoSliceMut, Read};
-use std::mem::ManuallyDrop;
+use std::mem::{ManuallyDrop, MaybeUninit};
 use std::os::raw::c_void;
 use std::os::unix::io::{AsFd, AsRawFd, BorrowedFd, FromRawFd, RawFd};
 use std::ptr::{self, NonNull};
@@ -451,18 +451,22 @@ impl<'img, B: IoBuf> Queue<'img, B> {
     }
 
     fn reap(&mut self, out: &mut Vec<Completion<B>>, max: usize, min: usize) -> usize {
-        let mut batch = [sys::qcow2_completion_t { user_data: ptr::null_mut(), result: 0 }; BATCH];
+        // Left uninitialised: the library writes the first n entries.
+        let mut batch: [MaybeUninit<sys::qcow2_completion_t>; BATCH] =
+            // SAFETY: an array of MaybeUninit needs no initialisation.
+            unsafe { MaybeUninit::uninit().assume_init() };
         let mut got = 0;
         while got < max {
             let want = (max - got).min(BATCH);
             let need = min.saturating_sub(got).min(want);
             // SAFETY: a live queue; `batch` holds `want` entries.
             let n = unsafe {
-                sys::qcow2_queue_wait(self.raw.as_ptr(), batch.as_mut_ptr(), want as i32, need as i32)
+                sys::qcow2_queue_wait(self.raw.as_ptr(), batch.as_mut_ptr().cast(), want as i32, need as i32)
             };
             let n = n.max(0) as usize;
             for c in &batch[..n] {
-                out.push(self.complete(c));
+                // SAFETY: the library stored entries 0..n.
+                out.push(self.complete(unsafe { c.assume_init_ref() }));
             }
             got += n;
             if n < want {

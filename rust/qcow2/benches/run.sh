@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# The Rust binding's micro-benchmark: random 4 KiB reads and writes at
+# depth 32 on a tmpfs image through C (c_queue_bench) and through Rust
+# (queue_bench, safe owned buffers and unsafe borrowed ones), in turns, so
+# that all run under the same load. Prints the CPU time per request of
+# each run and the median ratio of Rust to C.
+#   run.sh C_BENCH RUST_BENCH [REQUESTS [ROUNDS]]
+# C_BENCH and RUST_BENCH are the built programs (tests/rust.cmake builds
+# both; `cargo bench --no-run` prints the Rust one's path).
+set -euo pipefail
+c_bench=$1 rust_bench=$2 requests=${3:-200000} rounds=${4:-5}
+dir=$(mktemp -d /dev/shm/qcow2-rs-bench.XXXXXX)
+trap 'rm -rf "$dir"' EXIT
+img=$dir/bench.qcow2
+qemu-img create -q -f qcow2 -o preallocation=metadata "$img" 256M
+
+declare -A runs
+for mode in read write; do
+  for ((r = 1; r <= rounds; r++)); do
+    for who in c owned borrowed; do
+      if [ "$who" = c ]; then
+        line=$("$c_bench" "$img" "$mode" "$requests")
+      else
+        line=$("$rust_bench" "$img" "$mode" "$requests" "$who")
+      fi
+      echo "$line"
+      ns=$(echo "$line" | sed -E 's/.*: ([0-9]+) ns.*/\1/')
+      runs[$who-$mode]="${runs[$who-$mode]:-} $ns"
+    done
+  done
+done
+
+median() { tr ' ' '\n' | grep . | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+echo "median CPU ns per 4 KiB request (depth 32, tmpfs, $rounds rounds of $requests):"
+for mode in read write; do
+  c=$(echo "${runs[c-$mode]}" | median)
+  for who in owned borrowed; do
+    r=$(echo "${runs[$who-$mode]}" | median)
+    awk -v m="$mode" -v w="$who" -v c="$c" -v r="$r" \
+      'BEGIN {printf "  %-5s C %6d  Rust-%-8s %6d  (%+.1f%%)\n", m, c, w, r, (r - c) * 100 / c}'
+  done
+done
