@@ -78,28 +78,46 @@ pub struct qcow2_block_status_t {
 /// the end; the library fills those that fit in `size`.
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Default)]
-#[allow(missing_docs)]
 pub struct qcow2_stats_t {
     /// In: `size_of::<qcow2_stats_t>()`.
     pub size: usize,
+    /// Guest reads submitted.
     pub guest_read_ops: u64,
+    /// Bytes of guest reads.
     pub guest_read_bytes: u64,
+    /// Guest writes submitted.
     pub guest_write_ops: u64,
+    /// Bytes of guest writes.
     pub guest_write_bytes: u64,
+    /// Guest write-zeroes submitted.
     pub guest_zero_ops: u64,
+    /// Bytes of guest write-zeroes.
     pub guest_zero_bytes: u64,
+    /// Guest discards submitted.
     pub guest_discard_ops: u64,
+    /// Bytes of guest discards.
     pub guest_discard_bytes: u64,
+    /// Guest flushes submitted.
     pub guest_flush_ops: u64,
+    /// Host bytes read of stored guest data (any layer).
     pub host_data_read_bytes: u64,
+    /// Host bytes written of the guest's own data.
     pub host_data_write_bytes: u64,
+    /// Bytes read to fill the rest of a cluster on copy-on-write.
     pub cow_read_bytes: u64,
+    /// Bytes written besides the guest's own on copy-on-write.
     pub cow_write_bytes: u64,
+    /// Metadata bytes read (L2 tables, refcounts).
     pub metadata_read_bytes: u64,
+    /// Metadata bytes written (header, L1, L2, refcounts).
     pub metadata_write_bytes: u64,
+    /// Zero-range calls on host files.
     pub host_zero_ops: u64,
+    /// Punch-hole calls on host files.
     pub host_discard_ops: u64,
+    /// fsync/fdatasync calls.
     pub host_flushes: u64,
+    /// Data clusters allocated in the top image.
     pub cluster_allocations: u64,
 }
 

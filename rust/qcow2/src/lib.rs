@@ -34,6 +34,13 @@
 //! image.close()?;
 //! # Ok::<(), qcow2::Error>(())
 //! ```
+//!
+//! A queue cannot be shared between threads:
+//!
+//! ```compile_fail
+//! fn is_sync<T: Sync>() {}
+//! is_sync::<qcow2::Queue>();
+//! ```
 #![deny(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
