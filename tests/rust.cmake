@@ -53,14 +53,14 @@ if(QCOW2_CARGO AND NOT QCOW2_SANITIZE)
     COMMAND ${CMAKE_COMMAND} -E env RUSTDOCFLAGS=-Dwarnings
             ${cargo} doc --offline --locked --no-deps ${manifest})
   # The benchmark: the C side built here, the Rust side by cargo (release),
-  # both run in turns by rust/qcow2/benches/run.sh (about 40 s).
+  # both run in turns by rust/qcow2/benches/run.sh (about 30 s).
   add_executable(rust_c_queue_bench ${PROJECT_SOURCE_DIR}/rust/qcow2/benches/c_queue_bench.c)
   set_target_properties(rust_c_queue_bench PROPERTIES C_STANDARD 11)
   target_link_libraries(rust_c_queue_bench PRIVATE qcow2_shared)
   add_test(NAME rust_bench
     COMMAND sh -c "run=$0 c=$1; shift; \"$@\" >/dev/null 2>&1 || exit 1; \
       b=$(ls -t \"$CARGO_TARGET_DIR\"/release/deps/queue_bench-* | grep -v '[.]d$' | head -1); \
-      exec \"$run\" \"$c\" \"$b\" 50000 3"
+      exec \"$run\" \"$c\" \"$b\" 30000 3"
       ${PROJECT_SOURCE_DIR}/rust/qcow2/benches/run.sh $<TARGET_FILE:rust_c_queue_bench>
       ${cargo} bench --offline --locked --no-run ${manifest} -p qcow2 --bench queue_bench)
   set_tests_properties(rust_bench PROPERTIES

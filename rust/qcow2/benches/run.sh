@@ -14,15 +14,21 @@ dir=$(mktemp -d /dev/shm/qcow2-rs-bench.XXXXXX)
 trap 'rm -rf "$dir"' EXIT
 img=$dir/bench.qcow2
 qemu-img create -q -f qcow2 -o preallocation=metadata "$img" 256M
+# "hole": reads of a disk with nothing allocated, which finish inside the
+# submit with no file I/O: the library and the binding alone.
+holes=$dir/holes.qcow2
+qemu-img create -q -f qcow2 "$holes" 256M
 
 declare -A runs users
-for mode in read write; do
+for mode in read write hole; do
   for ((r = 1; r <= rounds; r++)); do
     for who in c owned borrowed; do
+      file=$img op=$mode
+      [ "$mode" = hole ] && file=$holes op=read
       if [ "$who" = c ]; then
-        line=$("$c_bench" "$img" "$mode" "$requests")
+        line=$("$c_bench" "$file" "$op" "$requests")
       else
-        line=$("$rust_bench" "$img" "$mode" "$requests" "$who")
+        line=$("$rust_bench" "$file" "$op" "$requests" "$who")
       fi
       echo "$line"
       ns=$(echo "$line" | sed -E 's/.*: ([0-9]+) ns.*/\1/')
@@ -41,7 +47,7 @@ least() { tr ' ' '\n' | grep . | sort -n | head -1; }
 report() { # title, array name
   echo "$1 ($rounds rounds of $requests), median and least:"
   local -n arr=$2
-  for mode in read write; do
+  for mode in read write hole; do
     c=$(echo "${arr[c-$mode]}" | median)
     cl=$(echo "${arr[c-$mode]}" | least)
     for who in owned borrowed; do
