@@ -1,0 +1,15 @@
+# SPDX-License-Identifier: Apache-2.0
+# nbd_clients (label "interop"): tests/nbd_clients_test.py, libnbd's Python
+# binding (python3-libnbd, nbdsh's library) and nbdinfo against `qcowtool
+# serve` and qemu-nbd on copies of one chain; every answer must be equal
+# (~15 s). The system Python: python3-libnbd installs there, not into a
+# pyenv. Skipped (exit 77) without the binding, qemu-nbd or qemu-img.
+find_program(QCOW2_SYSTEM_PYTHON3 python3 PATHS /usr/bin NO_DEFAULT_PATH)
+if(QCOW2_SYSTEM_PYTHON3)
+  add_test(NAME nbd_clients
+    COMMAND ${QCOW2_SYSTEM_PYTHON3} ${CMAKE_CURRENT_SOURCE_DIR}/nbd_clients_test.py
+            $<TARGET_FILE:qcowtool>
+    WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+  set_tests_properties(nbd_clients PROPERTIES
+    LABELS interop TIMEOUT 300 SKIP_RETURN_CODE 77)
+endif()
