@@ -261,9 +261,13 @@ void Conn::CompactInput() {
 void Conn::PostRecv() {
   uint8_t* target;
   size_t len;
+  int flags = 0;
   if (payload_req_ != nullptr) {
     target = payload_req_->buf + payload_got_;
     len = payload_req_->r.length - payload_got_;
+    // One completion for the whole payload (io_uring retries short
+    // receives itself), not one per segment that arrives.
+    flags = MSG_WAITALL;
   } else {
     CompactInput();
     target = in_.data() + in_end_;
@@ -271,7 +275,7 @@ void Conn::PostRecv() {
     if (len == 0) return Fail("an option or request larger than the buffer");
   }
   io_uring_sqe* sqe = loop_->Sqe();
-  io_uring_prep_recv(sqe, fd_, target, len, 0);
+  io_uring_prep_recv(sqe, fd_, target, len, flags);
   io_uring_sqe_set_data(sqe, &recv_op_);
   recv_posted_ = true;
 }
