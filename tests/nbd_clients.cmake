@@ -13,3 +13,17 @@ if(QCOW2_SYSTEM_PYTHON3)
   set_tests_properties(nbd_clients PROPERTIES
     LABELS interop TIMEOUT 300 SKIP_RETURN_CODE 77)
 endif()
+
+# nbd_tls (label "interop"): tests/nbd_tls_test.py, TLS with PSK and x509
+# (credentials made by psktool and certtool) through nbdinfo, qemu-img and
+# qemu-io, against `qcowtool serve` and qemu-nbd alike; plain clients
+# refused (~10 s). Skipped (exit 77) without gnutls-bin or qemu-nbd.
+find_package(Python3 COMPONENTS Interpreter)
+if(Python3_Interpreter_FOUND)
+  add_test(NAME nbd_tls
+    COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/nbd_tls_test.py
+            $<TARGET_FILE:qcowtool>
+    WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+  set_tests_properties(nbd_tls PROPERTIES
+    LABELS interop TIMEOUT 300 SKIP_RETURN_CODE 77)
+endif()

@@ -53,6 +53,7 @@ constexpr char kUsage[] =
     "                      [-r] [-U] [--export-name NAME] [--shared N]\n"
     "                      [--threads N] [--fork] [--pid-file FILE]\n"
     "                      [--direct] [--backing-root DIR] [-v]\n"
+    "                      [--tls-creds DIR] [--tls-psk FILE] [--tls=MODE]\n"
     "                      [--nbdkit [--sync|--queue]] IMAGE\n"
     "\n"
     "Exports IMAGE and its backing chain over NBD. Clients: qemu-img and\n"
@@ -85,6 +86,13 @@ constexpr char kUsage[] =
     "                  host page cache, like qemu-nbd --cache=none)\n"
     "  -v, --verbose   log connections (with --nbdkit: nbdkit's debug\n"
     "                  messages)\n"
+    "  --tls-creds DIR x509 credentials: DIR/ca-cert.pem, server-cert.pem,\n"
+    "                  server-key.pem (as QEMU's tls-creds-x509)\n"
+    "  --tls-psk FILE  pre-shared keys, psktool's format (as QEMU's\n"
+    "                  tls-creds-psk keys.psk)\n"
+    "  --tls=MODE      off, on (STARTTLS offered) or require (clients\n"
+    "                  without TLS refused); default: require with\n"
+    "                  credentials, else off\n"
     "  --nbdkit        serve through nbdkit and the libqcow2 plugin instead\n"
     "  --sync          (--nbdkit) synchronous library calls in nbdkit's\n"
     "                  worker threads (the default without --direct)\n"
@@ -109,6 +117,9 @@ struct ServeArgs {
   std::string port;
   std::string bind;
   bool nbdkit = false;
+  std::string tls_creds;
+  std::string tls_psk;
+  std::string tls;  // off, on, require; empty: from the credentials
   std::string format;
   bool read_only = false;
   bool force_share = false;
@@ -135,13 +146,16 @@ bool ParseCount(const char* text, int min, int max) {
 int ParseArgs(int argc, char** argv, ServeArgs* args) {
   enum {
     kSocket = 256, kPort, kExportName, kShared, kThreads, kFork, kPidFile,
-    kSync, kQueue, kDirect, kBind, kNbdkit
+    kSync, kQueue, kDirect, kBind, kNbdkit, kTlsCreds, kTlsPsk, kTls
   };
   static const option kOptions[] = {
       {"socket", required_argument, nullptr, kSocket},
       {"port", required_argument, nullptr, kPort},
       {"bind", required_argument, nullptr, kBind},
       {"nbdkit", no_argument, nullptr, kNbdkit},
+      {"tls-creds", required_argument, nullptr, kTlsCreds},
+      {"tls-psk", required_argument, nullptr, kTlsPsk},
+      {"tls", required_argument, nullptr, kTls},
       {"format", required_argument, nullptr, 'f'},
       {"read-only", no_argument, nullptr, 'r'},
       {"export-name", required_argument, nullptr, kExportName},
@@ -179,6 +193,21 @@ int ParseArgs(int argc, char** argv, ServeArgs* args) {
         break;
       case kNbdkit:
         args->nbdkit = true;
+        break;
+      case kTlsCreds:
+        args->tls_creds = optarg;
+        break;
+      case kTlsPsk:
+        args->tls_psk = optarg;
+        break;
+      case kTls:
+        if (std::string(optarg) != "off" && std::string(optarg) != "on" &&
+            std::string(optarg) != "require") {
+          return UsageError(Usage(), absl::StrCat("--tls='", optarg,
+                                                  "': expected off, on or "
+                                                  "require"));
+        }
+        args->tls = optarg;
         break;
       case 'f':
         if (auto s = CheckImageFormat(optarg); !s.ok()) {
@@ -249,8 +278,18 @@ int ParseArgs(int argc, char** argv, ServeArgs* args) {
     return UsageError(Usage(), "--sync and --queue choose how nbdkit's "
                                "threads call the library: they need --nbdkit");
   }
-  if (args->nbdkit && !args->bind.empty()) {
-    return UsageError(Usage(), "--bind is not available with --nbdkit");
+  const bool creds = !args->tls_creds.empty() || !args->tls_psk.empty();
+  if (args->nbdkit && (!args->bind.empty() || creds || !args->tls.empty())) {
+    return UsageError(Usage(),
+                      "--bind and TLS are not available with --nbdkit");
+  }
+  if (args->tls.empty()) args->tls = creds ? "require" : "off";
+  if (args->tls != "off" && !creds) {
+    return UsageError(Usage(), "--tls=" + args->tls +
+                                   " needs --tls-creds or --tls-psk");
+  }
+  if (args->tls == "off" && creds) {
+    return UsageError(Usage(), "TLS credentials given with --tls=off");
   }
   if (args->sync && args->queue) {
     return UsageError(Usage(), "--sync and --queue exclude each other");
@@ -452,6 +491,13 @@ absl::Status ServeOwn(const ServeArgs& a, int ready) {
   if (!a.threads.empty()) opts.loops = std::atoi(a.threads.c_str());
   if (!a.shared.empty()) opts.max_connections = std::atoi(a.shared.c_str());
   opts.verbose = a.verbose;
+  if (a.tls != "off") {
+    auto tls = nbd::Tls::Load(a.tls_creds, a.tls_psk);
+    if (!tls.ok()) return tls.status();
+    opts.tls = *tls;
+    opts.export_config.tls =
+        a.tls == "on" ? nbd::TlsMode::kOn : nbd::TlsMode::kRequire;
+  }
   auto server = nbd::Server::Create(image->get(), std::move(opts));
   if (!server.ok()) return server.status();
   if (a.verbose) {

@@ -40,7 +40,8 @@ Conn::Conn(Loop* loop, int fd, uint64_t id)
     : loop_(loop),
       fd_(fd),
       id_(id),
-      hs_(&loop->server()->options().export_config, false),
+      hs_(&loop->server()->options().export_config,
+          loop->server()->options().tls != nullptr),
       in_(kInputBuffer),
       recv_op_{Op::kRecv, this},
       send_op_{Op::kSend, this} {
@@ -122,6 +123,10 @@ void Conn::OnRecv(int n) {
     return;
   }
   if (reading_done_) return;  // stopping: what comes now is not served
+  if (tls_ != nullptr) {
+    tls_->Feed(cipher_.data(), n);
+    return TlsInput();
+  }
   if (payload_req_ != nullptr) {
     payload_got_ += n;
     if (payload_got_ < payload_req_->r.length) return;
@@ -149,7 +154,7 @@ void Conn::ProcessHandshake() {
       reading_done_ = true;
       break;
     case Handshake::Phase::kStartTls:
-      Fail("STARTTLS is not available in this build");
+      StartTls();
       break;
     case Handshake::Phase::kTransmission:
       transmission_ = true;
@@ -162,6 +167,76 @@ void Conn::ProcessHandshake() {
     default:
       break;
   }
+}
+
+void Conn::StartTls() {
+  auto session = loop_->server()->options().tls->NewSession();
+  if (!session.ok()) return Fail(std::string(session.status().message()));
+  tls_ = std::move(session).value();
+  cipher_.resize(64 << 10);
+  // Whatever followed STARTTLS is the client's first TLS bytes.
+  tls_->Feed(in_.data() + in_start_, in_end_ - in_start_);
+  in_start_ = in_end_ = 0;
+  TlsInput();
+}
+
+// New ciphertext: the handshake first; afterwards Pump decrypts.
+void Conn::TlsInput() {
+  if (tls_ready_) return;
+  std::string err;
+  const int rc = tls_->Handshake(&err);
+  QueueRaw(tls_->TakeOutput());
+  if (rc < 0) return Fail(err);
+  if (rc == 0) return;
+  tls_ready_ = true;
+  hs_.TlsStarted();
+  if (loop_->verbose()) Log("TLS session up");
+}
+
+// Decrypts what fits into the input buffer, or straight into a WRITE's
+// payload. Returns whether anything came out.
+bool Conn::TlsDecrypt() {
+  bool progress = false;
+  std::string err;
+  while (!reading_done_) {
+    uint8_t* target;
+    size_t len;
+    if (payload_req_ != nullptr) {
+      target = payload_req_->buf + payload_got_;
+      len = payload_req_->r.length - payload_got_;
+    } else {
+      CompactInput();
+      target = in_.data() + in_end_;
+      len = in_.size() - in_end_;
+      if (len == 0) break;
+    }
+    const long n = tls_->Read(target, len, &err);
+    QueueRaw(tls_->TakeOutput());
+    if (n == 0) break;
+    if (n < 0) {
+      if (!err.empty()) Log(err + "; closing the connection");
+      reading_done_ = true;
+      DropPayload();
+      break;
+    }
+    progress = true;
+    if (payload_req_ != nullptr) {
+      payload_got_ += n;
+      if (payload_got_ == payload_req_->r.length) ReceivedPayload();
+    } else {
+      in_end_ += n;
+    }
+  }
+  return progress;
+}
+
+void Conn::QueueRaw(std::string bytes) {
+  if (bytes.empty() || dead_) return;
+  OutItem item;
+  item.head = std::move(bytes);
+  out_bytes_ += item.size();
+  out_.push_back(std::move(item));
+  loop_->MarkDirty(this);
 }
 
 void Conn::ProcessRequests() {
@@ -244,6 +319,12 @@ void Conn::ReplyRead(std::unique_ptr<Req> req) {
 void Conn::Queue(OutItem item) {
   loop_->MarkDirty(this);
   if (dead_) return;  // the socket failed: nobody to tell
+  if (tls_ready_) {
+    const bool ok = tls_->Write(item.head.data(), item.head.size()) &&
+                    tls_->Write(item.payload, item.payload_len);
+    if (!ok) return Fail("TLS: cannot encrypt a reply");
+    return QueueRaw(tls_->TakeOutput());  // the payload buffer goes now
+  }
   out_bytes_ += item.size();
   out_.push_back(std::move(item));
 }
@@ -273,6 +354,11 @@ void Conn::PostRecv() {
     target = in_.data() + in_end_;
     len = in_.size() - in_end_;
     if (len == 0) return Fail("an option or request larger than the buffer");
+  }
+  if (tls_ != nullptr) {  // ciphertext, decrypted in Pump
+    target = cipher_.data();
+    len = cipher_.size();
+    flags = 0;
   }
   io_uring_sqe* sqe = loop_->Sqe();
   io_uring_prep_recv(sqe, fd_, target, len, flags);
@@ -348,6 +434,9 @@ bool Conn::CanClose() const {
 }
 
 bool Conn::Pump() {
+  if (tls_ready_) {
+    while (!reading_done_ && TlsDecrypt()) Process();
+  }
   if (transmission_ && !reading_done_ && payload_req_ == nullptr) {
     ProcessRequests();  // requests held back by the bounds may go now
   }

@@ -20,6 +20,7 @@
 #include "qcow2/image.h"
 #include "qcow2/queue.h"
 #include "serve/nbd/codec.h"
+#include "serve/nbd/tls.h"
 
 namespace qcow2::nbd {
 
@@ -99,6 +100,12 @@ class Conn {
   void PostSend();
   bool CanClose() const;
   void CompactInput();
+  // TLS: after STARTTLS's ACK, the handshake, then every byte in and out
+  // through the session.
+  void StartTls();
+  void TlsInput();
+  bool TlsDecrypt();
+  void QueueRaw(std::string bytes);
 
   Loop* loop_;
   int fd_;
@@ -126,6 +133,10 @@ class Conn {
   bool dead_ = false;          // the socket failed: drop output
   bool shut_ = false;          // shutdown() called to end a posted recv
   Op recv_op_, send_op_;
+
+  std::unique_ptr<TlsSession> tls_;
+  bool tls_ready_ = false;       // handshake done: encrypt everything
+  std::vector<uint8_t> cipher_;  // where ciphertext is received
 };
 
 class Loop {

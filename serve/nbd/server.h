@@ -26,10 +26,10 @@
 #include "absl/status/statusor.h"
 #include "qcow2/image.h"
 #include "serve/nbd/codec.h"
+#include "serve/nbd/tls.h"
 
 namespace qcow2::nbd {
 
-class Tls;
 
 struct ServerOptions {
   ExportConfig export_config;
