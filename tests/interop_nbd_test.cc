@@ -371,7 +371,8 @@ TEST_F(NbdTest, QemuIoThroughExportEqualsQemuIoOnCopyNbdkitDirect) {
   QemuIoThroughExport({"--nbdkit", "--direct"}, "one queue per thread");
 }
 
-// nbdcopy out to a raw file equals the chain; nbdcopy back into a fresh
+// nbdcopy (4 connections, multi-conn) out to a raw file equals the chain;
+// nbdcopy back into a fresh
 // served image gives an image equal to it, holes kept as holes.
 TEST_F(NbdTest, NbdcopyOutAndBack) {
   SKIP_WITHOUT("nbdcopy");
@@ -381,7 +382,7 @@ TEST_F(NbdTest, NbdcopyOutAndBack) {
   {
     Server server(dir, top, {"-r"});
     ASSERT_TRUE(server.running()) << server.Log();
-    CommandResult out = Cmd({"nbdcopy", server.uri(), raw});
+    CommandResult out = Cmd({"nbdcopy", "--connections=4", server.uri(), raw});
     ASSERT_EQ(out.exit_code, 0) << out.err;
     EXPECT_EQ(server.Stop(), 0) << server.Log();
   }
@@ -396,7 +397,7 @@ TEST_F(NbdTest, NbdcopyOutAndBack) {
   {
     Server server(dir, fresh);
     ASSERT_TRUE(server.running()) << server.Log();
-    CommandResult back = Cmd({"nbdcopy", raw, server.uri()});
+    CommandResult back = Cmd({"nbdcopy", "--connections=4", raw, server.uri()});
     ASSERT_EQ(back.exit_code, 0) << back.err;
     EXPECT_EQ(server.Stop(), 0) << server.Log();
   }
