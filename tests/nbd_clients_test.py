@@ -22,6 +22,8 @@ import sys
 import tempfile
 import time
 
+from nbd_util import wait_listening
+
 try:
     import nbd
 except ImportError:
@@ -50,20 +52,6 @@ def make_chain(d):
     return top
 
 
-def wait_socket(path, proc):
-    for _ in range(6000):
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            s = socket.socket(socket.AF_UNIX)
-            s.connect(path)
-            s.close()
-            return
-        except OSError:
-            time.sleep(0.01)
-    raise RuntimeError("server did not listen")
-
-
 class Server:
     def __init__(self, kind, qcowtool, d, read_only=False):
         self.sock = os.path.join(d, f"{kind}.sock")
@@ -81,7 +69,7 @@ class Server:
                 argv[1:1] = ["-r"]
         self.image = src
         self.proc = subprocess.Popen(argv, stderr=subprocess.PIPE)
-        wait_socket(self.sock, self.proc)
+        wait_listening(self.proc, self.sock)
 
     def stop(self):
         self.proc.terminate()

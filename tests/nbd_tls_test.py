@@ -25,6 +25,8 @@ import sys
 import tempfile
 import time
 
+from nbd_util import wait_listening
+
 
 def run(*argv, check=True):
     r = subprocess.run(argv, capture_output=True, text=True)
@@ -40,23 +42,6 @@ def free_port():
     port = s.getsockname()[1]
     s.close()
     return port
-
-
-def wait_listening(proc, sock=None, port=None):
-    for _ in range(6000):
-        if proc.poll() is not None:
-            raise RuntimeError("server exited: %s" % proc.stderr.read())
-        try:
-            if sock:
-                s = socket.socket(socket.AF_UNIX)
-                s.connect(sock)
-            else:
-                s = socket.create_connection(("127.0.0.1", port))
-            s.close()
-            return
-        except OSError:
-            time.sleep(0.01)
-    raise RuntimeError("server did not listen")
 
 
 def make_x509(d):
