@@ -337,6 +337,9 @@ int ForkAndWaitForPidFile(const ServeArgs& a, char** argv) {
 }  // namespace
 
 int RunServe(int argc, char** argv) {
+  if (IsVhostUserBlkServe(argc, argv)) {
+    return RunServeVhostUserBlk(argc, argv);  // tools/cmd_serve_vhost.cc
+  }
   ServeArgs args;
   if (int rc = ParseArgs(argc, argv, &args); rc >= 0) return rc;
   if (absl::Status s = CheckOpens(args); !s.ok()) return ReportError(s);
