@@ -128,6 +128,10 @@ absl::Status Serve(Image* image, const ServerOptions& opts,
   shared.geometry.num_queues = static_cast<uint16_t>(opts.num_queues);
   shared.geometry.read_only = opts.read_only;
   shared.serial = opts.serial.substr(0, kIdBytes);
+  if (std::vector<LayerInfo> chain = image->GetChainInfo();
+      !chain.empty() && chain[0].cluster_size != 0) {
+    shared.discard_granularity = chain[0].cluster_size;
+  }
   shared.error_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (shared.error_fd < 0) return absl::ErrnoToStatus(errno, "eventfd");
   absl::Cleanup close_error = [&] { ::close(shared.error_fd); };

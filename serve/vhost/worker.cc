@@ -296,12 +296,22 @@ void Worker::Submit(int index, const Chain& chain) {
           !in_range(d.sector, uint64_t{d.num_sectors} * kSectorSize)) {
         return fail(VIRTIO_BLK_S_IOERR);
       }
-      const uint64_t off = d.sector * kSectorSize;
-      const uint64_t len = uint64_t{d.num_sectors} * kSectorSize;
-      s = zeroes ? queue_->SubmitWriteZeroes(
-                       off, len, d.flags & VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP,
-                       done(1))
-                 : queue_->SubmitDiscard(off, len, done(1));
+      uint64_t off = d.sector * kSectorSize;
+      uint64_t len = uint64_t{d.num_sectors} * kSectorSize;
+      if (zeroes) {
+        s = queue_->SubmitWriteZeroes(
+            off, len, d.flags & VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP, done(1));
+        break;
+      }
+      // A discard is advice: only whole clusters are dropped, the rest
+      // keeps its data (as QEMU's qcow2 driver does; the library would
+      // zero the partial clusters, which costs writes and says nothing
+      // the guest asked for).
+      const uint64_t g = shared_->discard_granularity;
+      const uint64_t first = (off + g - 1) / g * g;
+      const uint64_t end = (off + len) / g * g;
+      if (end <= first) return Finish(index, head, status, VIRTIO_BLK_S_OK, 1);
+      s = queue_->SubmitDiscard(first, end - first, done(1));
       break;
     }
     default:

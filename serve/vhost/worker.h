@@ -40,6 +40,7 @@ inline constexpr int kMaxQueues = 64;
 struct DeviceShared {
   BlkGeometry geometry;
   std::string serial;                  // GET_ID (up to 20 bytes)
+  uint64_t discard_granularity = 512;  // the image's cluster size
   std::atomic<bool> writeback{true};   // config WCE; off: flush every write
   int error_fd = -1;                   // eventfd: a loop found a broken ring
 };
