@@ -18,3 +18,19 @@ set_tests_properties(vhost_guest PROPERTIES
 if(TARGET vhost_ring_test AND TARGET qcow2_vhost)
   target_link_libraries(vhost_ring_test PRIVATE qcow2_vhost)
 endif()
+
+# bench/vhost_bench.cc: the front-end behind bench/vhost_bench.sh (ours
+# against qemu-storage-daemon, docs/vhost-user-blk.md); built here, run by
+# hand.
+add_executable(vhost_bench ${PROJECT_SOURCE_DIR}/bench/vhost_bench.cc)
+target_include_directories(vhost_bench PRIVATE ${PROJECT_SOURCE_DIR})
+target_link_libraries(vhost_bench PRIVATE absl::status absl::statusor
+  absl::span Threads::Threads)
+
+# vhost_cli (label "interop", a few seconds): the CLI's rules (no probing,
+# the lock, --fork), a malformed message and a broken ring closing only
+# their connection, vhost_bench's pattern read back through qemu-img.
+add_test(NAME vhost_cli
+  COMMAND bash ${PROJECT_SOURCE_DIR}/tests/vhost_cli_test.sh
+          $<TARGET_FILE:qcowtool> $<TARGET_FILE:vhost_bench>)
+set_tests_properties(vhost_cli PROPERTIES LABELS interop TIMEOUT 300)
