@@ -107,6 +107,7 @@ set(QCOWTOOL_SOURCES
   ${PROJECT_SOURCE_DIR}/tools/cmd_rebase.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_resize.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_serve.cc
+  ${PROJECT_SOURCE_DIR}/tools/cmd_serve_vhost.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_snapshot.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_stream.cc
   ${PROJECT_SOURCE_DIR}/tools/create_options.cc

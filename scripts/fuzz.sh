@@ -37,7 +37,7 @@ targets=()
 keep_going=0
 do_build=1
 skip_unavailable=0
-all_targets=(fuzz_open_read fuzz_decompress fuzz_ops fuzz_nbd)
+all_targets=(fuzz_open_read fuzz_decompress fuzz_ops fuzz_nbd fuzz_vhost)
 
 usage() { sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; }
 
@@ -130,7 +130,7 @@ done
 # --- seeds ------------------------------------------------------------------
 seeds="$build_dir/fuzz-seeds"
 rm -rf "$seeds"
-mkdir -p "$seeds"/{fuzz_open_read,fuzz_decompress,fuzz_ops,fuzz_nbd}
+mkdir -p "$seeds"/{fuzz_open_read,fuzz_decompress,fuzz_ops,fuzz_nbd,fuzz_vhost}
 "$bin/fuzz_seed_tool" synth "$seeds/fuzz_decompress" >/dev/null
 "$bin/fuzz_seed_tool" random "$seeds/fuzz_ops" 16
 python3 fuzz/nbd_seeds.py "$seeds/fuzz_nbd"

@@ -570,6 +570,9 @@ int ForkOwn(const ServeArgs& a) {
 }  // namespace
 
 int RunServe(int argc, char** argv) {
+  if (IsVhostUserBlkServe(argc, argv)) {
+    return RunServeVhostUserBlk(argc, argv);  // tools/cmd_serve_vhost.cc
+  }
   ServeArgs args;
   if (int rc = ParseArgs(argc, argv, &args); rc >= 0) return rc;
   if (!args.nbdkit) {

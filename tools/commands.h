@@ -21,6 +21,10 @@ int RunIo(int argc, char** argv);
 int RunCheck(int argc, char** argv);
 int RunBench(int argc, char** argv);
 int RunServe(int argc, char** argv);
+// `serve --vhost-user-blk` (tools/cmd_serve_vhost.cc), dispatched from
+// RunServe when IsVhostUserBlkServe() finds the option.
+bool IsVhostUserBlkServe(int argc, char** argv);
+int RunServeVhostUserBlk(int argc, char** argv);
 int RunBitmap(int argc, char** argv);
 int RunCompare(int argc, char** argv);
 int RunResize(int argc, char** argv);
