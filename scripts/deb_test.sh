@@ -226,5 +226,5 @@ for kind in shared static; do
   fi
 done
 
-echo "deb_test: $failures failures"
+echo "deb_test: $failures failures (${SECONDS} s)"
 [ "$failures" -eq 0 ]
