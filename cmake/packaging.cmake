@@ -50,11 +50,14 @@ if(TARGET qcowtool AND Python3_FOUND AND NOT QCOW2_SANITIZE)
     VERBATIM)
   add_custom_target(man ALL DEPENDS ${QCOW2_MAN_DIR}/qcowtool.1.gz
                                     ${QCOW2_MAN_DIR}/libqcow2.3.gz)
+  # OPTIONAL: an install after building the library targets alone (as
+  # scripts/package_test.sh --build does) has no pages; scripts/package.sh
+  # builds everything, and tests that the packages have them.
   if(QCOW2_INSTALL)
-    install(FILES ${QCOW2_MAN_DIR}/libqcow2.3.gz
+    install(FILES ${QCOW2_MAN_DIR}/libqcow2.3.gz OPTIONAL
       DESTINATION ${CMAKE_INSTALL_MANDIR}/man3 COMPONENT qcow2_development)
     if(QCOW2_BUILD_TOOLS)
-      install(FILES ${QCOW2_MAN_DIR}/qcowtool.1.gz
+      install(FILES ${QCOW2_MAN_DIR}/qcowtool.1.gz OPTIONAL
         DESTINATION ${CMAKE_INSTALL_MANDIR}/man1 COMPONENT qcow2_tools)
     endif()
   endif()

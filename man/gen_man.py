@@ -121,7 +121,8 @@ def tool_page(tool, version):
     out += [roff_escape(line) for line in tail
             if not line.startswith("'qcowtool COMMAND")]
     out += [
-        "Some commands differ as qemu\\-img's do; their sections say so.",
+        "Commands that follow qemu\\-img's own statuses (such as compare, "
+        "check, resize and dd) say so in their sections.",
         '.SH "SEE ALSO"',
         ".BR qemu\\-img (1),",
         ".BR qemu\\-io (1),",

@@ -98,8 +98,9 @@ bool ParseNumber(const char* name, std::string_view text, int64_t min,
     ReportFailure(absl::StrCat("Invalid ", name,
                                " specified. You may use k, M, G, T, P or E "
                                "suffixes for"));
-    ReportFailure("kilobytes, megabytes, gigabytes, terabytes, petabytes "
-                  "and exabytes.");
+    ReportFailure(
+        "kilobytes, megabytes, gigabytes, terabytes, petabytes "
+        "and exabytes.");
     return false;
   }
   if (too_large || *v > static_cast<uint64_t>(max) ||
@@ -226,7 +227,9 @@ absl::Status Copy(Image& in, Image& out, int64_t bs, int64_t in_pos,
     const size_t n = static_cast<size_t>(std::min(bs, end - in_pos));
     const uint64_t pos = static_cast<uint64_t>(in_pos);
     const size_t from_disk =
-        pos >= in_size ? 0 : static_cast<size_t>(std::min<uint64_t>(n, in_size - pos));
+        pos >= in_size
+            ? 0
+            : static_cast<size_t>(std::min<uint64_t>(n, in_size - pos));
     std::fill(buf.begin() + static_cast<ptrdiff_t>(from_disk),
               buf.begin() + static_cast<ptrdiff_t>(n), 0);
     if (from_disk > 0) {
@@ -234,7 +237,8 @@ absl::Status Copy(Image& in, Image& out, int64_t bs, int64_t in_pos,
           !s.ok()) {
         return absl::Status(s.code(),
                             absl::StrCat("error while reading from input image "
-                                         "file: ", s.message()));
+                                         "file: ",
+                                         s.message()));
       }
     }
     if (absl::Status s = out.Write(static_cast<uint64_t>(out_pos),
@@ -242,7 +246,8 @@ absl::Status Copy(Image& in, Image& out, int64_t bs, int64_t in_pos,
         !s.ok()) {
       return absl::Status(s.code(),
                           absl::StrCat("error while writing to output image "
-                                       "file: ", s.message()));
+                                       "file: ",
+                                       s.message()));
     }
     in_pos += static_cast<int64_t>(n);
     out_pos += static_cast<int64_t>(n);
@@ -261,8 +266,8 @@ int RunDd(int argc, char** argv) {
   a.policy.ApplyTo(&io);
   auto in = Image::Open(a.in, io);
   if (!in.ok()) {
-    return ReportFailure(absl::StrCat("Could not open '", a.in, "': ",
-                                      in.status().message()));
+    return ReportFailure(
+        absl::StrCat("Could not open '", a.in, "': ", in.status().message()));
   }
   ImageFormat out_format;
   if (a.out_format == "raw") {
@@ -285,8 +290,10 @@ int RunDd(int argc, char** argv) {
 
   auto out = CreateOutput(a, out_format, static_cast<uint64_t>(out_size));
   if (!out.ok()) {
-    return ReportFailure(absl::StrCat(a.out, ": error while creating output "
-                                      "image: ", out.status().message()));
+    return ReportFailure(absl::StrCat(a.out,
+                                      ": error while creating output "
+                                      "image: ",
+                                      out.status().message()));
   }
   int64_t in_pos = size;
   if (skip_past_end) {
