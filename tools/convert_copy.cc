@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "lib/format/compress.h"
+#include "qcow2/maintenance.h"
 
 namespace qcow2::tool {
 namespace {
@@ -382,13 +382,13 @@ class Copier : CopyJob {
     // made only for likely misses, so that most clusters are compressed
     // once.
     if (cs > kProbeBytes) {
-      absl::StatusOr<size_t> n = internal::CompressCluster(
+      absl::StatusOr<size_t> n = CompressCluster(
           opts_.compression_type, absl::MakeConstSpan(buf.data(), kProbeBytes),
           absl::MakeSpan(stream->data(), kProbeBytes * 7 / 8));
       if (!n.ok()) return n.status();
       if (*n != 0) return absl::OkStatus();
     }
-    absl::StatusOr<size_t> n = internal::CompressCluster(
+    absl::StatusOr<size_t> n = CompressCluster(
         opts_.compression_type, absl::MakeConstSpan(buf.data(), cs),
         absl::MakeSpan(*stream));
     if (!n.ok()) return n.status();

@@ -99,7 +99,8 @@ void Chain::DropImageLocksAfterClose() {
 }
 
 absl::Status Chain::CreateOverlay(const std::string& path,
-                                  const CreateOptions& opts) {
+                                  const CreateOptions& opts,
+                                  ImageCreator create) {
   RETURN_IF_ERROR(CheckWritable());
   if (length() > opts_.max_chain_depth) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -147,7 +148,7 @@ absl::Status Chain::CreateOverlay(const std::string& path,
                                                " over ", old_top->filename(),
                                                ": ", s.message()));
   };
-  if (absl::Status s = CreateImage(path, co); !s.ok()) return fail(s);
+  if (absl::Status s = create(path, co); !s.ok()) return fail(s);
   FileOpener* opener = opts_.opener ? opts_.opener : DefaultFileOpener();
   FileOptions fo;
   fo.read_only = false;

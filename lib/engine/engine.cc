@@ -261,11 +261,12 @@ void Engine::FinishLocked(Request* r) {
 }
 
 absl::Status Engine::CreateOverlay(const std::string& path,
-                                   const CreateOptions& opts) {
+                                   const CreateOptions& opts,
+                                   Chain::ImageCreator create) {
   CountedCall counted(&stats_);
   EngineLock lock(&mu_);
   RETURN_IF_ERROR(RefuseDuringLiveJob("a new overlay"));
-  RETURN_IF_ERROR(chain_->CreateOverlay(path, opts));
+  RETURN_IF_ERROR(chain_->CreateOverlay(path, opts, create));
   // The new top's clusters may differ: no request holds a range now (a
   // caller of this must have none in flight).
   SetLockGeometry(chain_.get(), &locks_);
