@@ -41,4 +41,4 @@ set_tests_properties(nbd_kernel PROPERTIES
 
 # nbd_codec_test (a gtest like the others, globbed from *_test.cc): the
 # server's codec needs the server library too.
-target_link_libraries(nbd_codec_test PRIVATE qcow2_nbd_server)
+target_link_libraries(nbd_codec_test PRIVATE qcow2_nbd_server qcow2_static)
