@@ -36,26 +36,25 @@ sum() {  # label, KiB offset, KiB count
 
 echo "GUEST size $(blockdev --getsize64 $dev) ro $(blockdev --getro $dev) queues $(ls /sys/block/vda/mq | wc -l)"
 
+# writer NAME SPECS: writes pattern NAME.i at each OFF:KIB of SPECS.
+cat >/tmp/writer.sh <<'W'
+i=0
+for spec in $2; do
+  off=${spec%:*}; n=${spec#*:}
+  # One write of the whole range (the block layer splits it at 1 MiB).
+  yes "vhost pattern $1$i $off" | head -c $((n * 1024)) |
+    dd of=/dev/vda bs=$((n * 1024)) count=1 seek=$((off * 1024)) \
+      iflag=fullblock oflag=direct,seek_bytes conv=notrunc 2>/dev/null
+  i=$((i + 1))
+done
+W
+
 write_patterns() {
   # CPU 0 writes the even ranges, CPU 1 the odd ones, at once: the two
-  # virtqueues carry requests side by side. Sizes from 1 to 1000 KiB,
+  # virtqueues carry requests side by side. Sizes from 1 to 1024 KiB,
   # at offsets that are and are not cluster aligned.
-  taskset -c 0 sh -c "
-    i=0
-    for spec in 0:4 128:64 1000:1 2048:1000 5003:17 8192:256; do
-      off=\${spec%:*}; n=\${spec#*:}
-      yes \"vhost pattern a\$i \$off\" | head -c \$((n * 1024)) |
-        dd of=$dev bs=1024 seek=\$off count=\$n oflag=direct conv=notrunc 2>/dev/null
-      i=\$((i + 1))
-    done" &
-  taskset -c 1 sh -c "
-    i=0
-    for spec in 64:60 300:700 3100:33 4096:512 6000:8 9000:1024; do
-      off=\${spec%:*}; n=\${spec#*:}
-      yes \"vhost pattern b\$i \$off\" | head -c \$((n * 1024)) |
-        dd of=$dev bs=1024 seek=\$off count=\$n oflag=direct conv=notrunc 2>/dev/null
-      i=\$((i + 1))
-    done" &
+  taskset -c 0 sh /tmp/writer.sh a "0:4 128:64 1000:1 2048:1000 5003:17 8192:256" &
+  taskset -c 1 sh /tmp/writer.sh b "64:60 300:700 3100:33 4096:512 6000:8 9000:1024" &
   wait
 }
 
