@@ -9,6 +9,8 @@
 #                   doc tests
 #   rust_example    the virtio-blk-style epoll example, run
 #   rust_doc        cargo doc with RUSTDOCFLAGS=-Dwarnings
+#   rust_pkg_config the example built against an installed prefix found
+#                   through pkg-config
 #   rust_bench      4 KiB requests at depth 32 on tmpfs, Rust against C
 #                   (label bench; prints CPU time per request)
 # Not in sanitizer builds (a sanitized libqcow2.so needs its runtime in
@@ -52,6 +54,20 @@ if(QCOW2_CARGO AND NOT QCOW2_SANITIZE)
   add_test(NAME rust_doc
     COMMAND ${CMAKE_COMMAND} -E env RUSTDOCFLAGS=-Dwarnings
             ${cargo} doc --offline --locked --no-deps ${manifest})
+  # The other way build.rs finds the library: pkg-config and the qcow2.pc
+  # of an installed prefix (no QCOW2_DIR); the example built and run
+  # against it.
+  add_test(NAME rust_pkg_config
+    COMMAND sh -c "build=$0 target=$1; shift; d=$(mktemp -d) && trap 'rm -rf \"$d\"' EXIT && \
+      cmake --install \"$build\" --prefix \"$d/prefix\" >/dev/null && \
+      lib=$(dirname $(find \"$d/prefix\" -name qcow2.pc))/.. && mkdir \"$d/vm\" && \
+      env -u QCOW2_DIR PKG_CONFIG_PATH=\"$lib/pkgconfig\" LD_LIBRARY_PATH=\"$lib\" \
+        CARGO_TARGET_DIR=\"$target\" \"$@\" \"$d/vm\""
+      ${CMAKE_BINARY_DIR} ${rust_dir}/target-pkg-config
+      ${CMAKE_COMMAND} -E env CARGO_HOME=${rust_dir}/cargo-home CARGO_NET_OFFLINE=true
+        RUSTC=${cargo_dir}/rustc RUSTDOC=${cargo_dir}/rustdoc
+      ${QCOW2_CARGO} run --offline --locked ${manifest} -p qcow2 --example virtio_blk --)
+
   # The benchmark: the C side built here, the Rust side by cargo (release),
   # both run in turns by rust/qcow2/benches/run.sh (about 30 s).
   add_executable(rust_c_queue_bench ${PROJECT_SOURCE_DIR}/rust/qcow2/benches/c_queue_bench.c)
@@ -67,7 +83,7 @@ if(QCOW2_CARGO AND NOT QCOW2_SANITIZE)
     ENVIRONMENT "CARGO_TARGET_DIR=${rust_dir}/target;LD_LIBRARY_PATH=$<TARGET_FILE_DIR:qcow2_shared>")
 
   # cargo locks its target directory: the entries run one at a time.
-  set_tests_properties(rust rust_example rust_doc PROPERTIES
+  set_tests_properties(rust rust_example rust_doc rust_pkg_config PROPERTIES
     LABELS interop RESOURCE_LOCK rust_cargo TIMEOUT 900)
   set_tests_properties(rust_bench PROPERTIES
     LABELS bench RESOURCE_LOCK rust_cargo TIMEOUT 900)

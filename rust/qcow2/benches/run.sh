@@ -8,6 +8,9 @@
 #   run.sh C_BENCH RUST_BENCH [REQUESTS [ROUNDS]]
 # C_BENCH and RUST_BENCH are the built programs (tests/rust.cmake builds
 # both; `cargo bench --no-run` prints the Rust one's path).
+# QCOW2_BENCH_VALGRIND=1 adds user-space instructions per hole read,
+# counted by valgrind (lackey) as the difference between 10,000 and
+# 30,000 requests: exact, where CPU times vary with the machine's load.
 set -euo pipefail
 c_bench=$1 rust_bench=$2 requests=${3:-200000} rounds=${4:-5}
 dir=$(mktemp -d /dev/shm/qcow2-rs-bench.XXXXXX)
@@ -60,3 +63,21 @@ report() { # title, array name
 }
 report "CPU ns per 4 KiB request (depth 32, tmpfs)" runs
 report "user-space CPU ns per request" users
+
+if [ "${QCOW2_BENCH_VALGRIND:-0}" = 1 ]; then
+  instructions() { # program args...: guest instructions of one run
+    valgrind --tool=lackey --basic-counts=yes "$@" 2>&1 >/dev/null |
+      sed -n 's/.*guest instrs: *\([0-9,]*\)$/\1/p' | tr -d ,
+  }
+  echo "user-space instructions per hole read (valgrind):"
+  for who in c owned borrowed; do
+    for n in 10000 30000; do
+      if [ "$who" = c ]; then
+        count[$n]=$(instructions "$c_bench" "$holes" read "$n")
+      else
+        count[$n]=$(instructions "$rust_bench" "$holes" read "$n" "$who")
+      fi
+    done
+    echo "  $who $(( (count[30000] - count[10000]) / 20000 ))"
+  done
+fi

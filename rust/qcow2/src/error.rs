@@ -137,8 +137,11 @@ impl ErrPtr {
 
 impl Drop for ErrPtr {
     fn drop(&mut self) {
-        // SAFETY: null or a string the library allocated, freed once.
-        unsafe { qcow2_sys::qcow2_free(self.0.cast()) }
+        // Most calls succeed: no call into the library for nothing.
+        if !self.0.is_null() {
+            // SAFETY: a string the library allocated, freed once.
+            unsafe { qcow2_sys::qcow2_free(self.0.cast()) }
+        }
     }
 }
 

@@ -307,9 +307,10 @@ impl OpenOptions {
         self
     }
 
-    /// `max-chain=`: the deepest backing chain accepted.
-    pub fn max_chain(mut self, files: u32) -> Self {
-        self.options.push("max-chain", &files.to_string());
+    /// `max-chain=`: the deepest backing file accepted (the top image is
+    /// depth 0, its backing file 1 ...; default 64).
+    pub fn max_chain(mut self, depth: u32) -> Self {
+        self.options.push("max-chain", &depth.to_string());
         self
     }
 

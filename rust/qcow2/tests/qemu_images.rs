@@ -113,3 +113,52 @@ fn sync_writes_pass_qemu_img_check() {
     qemu_img(&["check", path.to_str().unwrap()]);
     assert!(qemu_read_all(&path, &dir.path("w.raw")) == model, "qemu-img reads other bytes");
 }
+
+/// Every OpenOptions and CreateOptions key is one the library knows (a
+/// misspelt key would be refused with EINVAL), and the checks they ask
+/// for happen.
+#[test]
+fn every_builder_option_reaches_the_library() {
+    use qcow2::{Compat, Compression, Preallocation};
+    let dir = TempDir::new("options");
+    let base = dir.path("base.qcow2");
+    CreateOptions::new()
+        .size(2 << 20)
+        .cluster_size(4096)
+        .compat(Compat::V3)
+        .extended_l2(false)
+        .lazy_refcounts(true)
+        .refcount_bits(16)
+        .compression(Compression::Zlib)
+        .preallocation(Preallocation::Metadata)
+        .create(&base)
+        .unwrap();
+    CreateOptions::new().backing("base.qcow2", Format::Qcow2).create(dir.path("top.qcow2")).unwrap();
+    CreateOptions::new().size(1 << 20).format(Format::Raw).create(dir.path("disk.raw")).unwrap();
+    qemu_img(&["check", base.to_str().unwrap()]);
+
+    let top = dir.path("top.qcow2");
+    let image = OpenOptions::new()
+        .read_write(false)
+        .format(Format::Qcow2)
+        .direct(false) // the key; O_DIRECT itself depends on the file system
+        .cache_size(1 << 20)
+        .refcount_cache_size(256 << 10)
+        .backing(true)
+        .backing_root(dir.path(""))
+        .force_share(true)
+        .locking(false)
+        .no_flush(true)
+        .max_chain(1)
+        .open(&top)
+        .unwrap();
+    assert_eq!(image.chain_length(), 2);
+    let raw = OpenOptions::new().format(Format::Raw).open(dir.path("disk.raw")).unwrap();
+    assert_eq!(raw.size(), 1 << 20);
+
+    let e = OpenOptions::new().max_chain(0).open(&top).unwrap_err();
+    assert!(e.message().contains("base.qcow2") || e.message().contains("chain"), "{}", e);
+    let elsewhere = TempDir::new("options-root");
+    let e = OpenOptions::new().backing_root(elsewhere.path("")).open(&top).unwrap_err();
+    assert!(e.message().contains("base.qcow2"), "{}", e);
+}
