@@ -4,11 +4,13 @@
 
 Servers (each on a Unix socket; each serves a copy of the image of its
 own, so that they can all run at once):
-  qcowtool         `qcowtool serve --direct` on a qcow2 image (the libqcow2
-                   plugin, O_DIRECT)
+  qcowtool         `qcowtool serve --direct` on a qcow2 image (the project's
+                   own NBD server, serve/nbd/, O_DIRECT)
   qemu-nbd         `qemu-nbd --aio=io_uring --cache=none` on the same image
   qcowtool-cached  `qcowtool serve` without --direct: through the page
                    cache, as the raw server (qcowtool serve's default)
+  qcowtool-nbdkit  (only with --servers) `qcowtool serve --nbdkit --direct`:
+                   nbdkit with the libqcow2 plugin, O_DIRECT
   qemu-nbd-cached  `qemu-nbd --aio=io_uring --cache=writeback` on the same
                    image: qemu-nbd through the page cache
   raw              nbdkit's `file` plugin on a raw file with the same bytes:
@@ -45,6 +47,11 @@ a file's cache matters: 4 KiB random writes leave it in small pages, into
 which a 1 MiB write cost up to a quarter more than into the large ones a
 sequential read leaves; and 4 KiB random writes into large pages ran at a
 quarter of their speed in small ones.)
+
+CPU: the server processes' CPU time (user + system, all their threads,
+from /proc/PID/stat) over each run, divided by the requests fio completed
+in it: microseconds of server CPU per request, in the row of the fastest
+run (cpu_us_per_req) and in a second table.
 
 Output: one JSON object per (server, job) row on stdout or --json FILE,
 and a markdown table (--table FILE, default stdout) with MB/s for SEQ rows
@@ -89,10 +96,11 @@ SERVERS = ["qcowtool", "qemu-nbd", "qcowtool-cached", "qemu-nbd-cached",
 # Optional (--servers): the raw file through qemu-nbd with O_DIRECT, the
 # ceiling for O_DIRECT servers (nbdkit's file plugin goes through the page
 # cache).
-EXTRA_SERVERS = ["raw-direct"]
+EXTRA_SERVERS = ["raw-direct", "qcowtool-nbdkit"]
 # The ratios the table prints: (server, against), each pair in the same
 # cache mode (O_DIRECT against O_DIRECT, page cache against page cache).
 RATIOS = [("qcowtool", "qemu-nbd"), ("qcowtool-cached", "qemu-nbd-cached"),
+          ("qcowtool-nbdkit", "qemu-nbd"),
           ("qcowtool-cached", "raw"), ("qcowtool", "raw-nbdkit-direct"),
           ("qcowtool", "raw-direct")]
 
@@ -138,8 +146,9 @@ class Server:
             os.unlink(sock)  # left by an earlier run in the same --dir
         self.sock = sock
         self.uri = "nbd+unix:///?socket=" + sock
-        if kind in ("qcowtool", "qcowtool-cached"):
-            direct = ["--direct"] if kind == "qcowtool" else []
+        if kind in ("qcowtool", "qcowtool-cached", "qcowtool-nbdkit"):
+            direct = {"qcowtool": ["--direct"], "qcowtool-cached": [],
+                      "qcowtool-nbdkit": ["--nbdkit", "--direct"]}[kind]
             argv = ([args.qcowtool, "serve", "--socket", sock] + direct +
                     args.serve_args.split() + [image])
         elif kind in ("qemu-nbd", "qemu-nbd-cached"):
@@ -159,6 +168,12 @@ class Server:
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL,
                                      stderr=self.errlog)
         wait_socket(sock, self.check)
+
+    def cpu(self):
+        """CPU seconds (user + system) of the server process so far."""
+        with open("/proc/%d/stat" % self.proc.pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def check(self):
         if self.proc.poll() is not None:
@@ -183,7 +198,8 @@ class Server:
 
 def fio(jobs, runtime, size):
     """Runs fio with `jobs` (dicts: uri, rw, bs, iodepth, numjobs), all at
-    once; returns (iops, MB/s, mean latency us) summed over them."""
+    once; returns (iops, MB/s, mean latency us, requests done) summed over
+    them."""
     argv = ["fio", "--output-format=json", "--ioengine=nbd",
             "--time_based", "--runtime=%d" % runtime, "--ramp_time=0",
             "--group_reporting"]
@@ -196,15 +212,26 @@ def fio(jobs, runtime, size):
     # The nbd engine prints "fio: connected to NBD server" lines first.
     out = json.loads(text[text.index("{"):])
     iops = bw = lat_weighted = 0.0
+    ios = 0
     for job in out["jobs"]:
         for d in ("read", "write"):
             st = job[d]
             if st["io_bytes"] == 0:
                 continue
             iops += st["iops"]
+            ios += st["total_ios"]
             bw += st["bw_bytes"] / 1e6
             lat_weighted += st["lat_ns"]["mean"] / 1000 * st["iops"]
-    return iops, bw, (lat_weighted / iops if iops else 0.0)
+    return iops, bw, (lat_weighted / iops if iops else 0.0), ios
+
+
+def measured(servers, jobs, runtime, size):
+    """fio with `jobs` while `servers` serve them; adds the servers' CPU
+    microseconds per request to fio's numbers."""
+    before = sum(s.cpu() for s in servers)
+    iops, bw, lat, ios = fio(jobs, runtime, size)
+    cpu = sum(s.cpu() for s in servers) - before
+    return iops, bw, lat, (cpu * 1e6 / ios if ios else 0.0)
 
 
 def make_data_file(path, size):
@@ -259,10 +286,11 @@ def bench_cdm(kinds, work, args, size, best):
             for rep in range(args.repeat):
                 for kind in rotated(kinds, rep):
                     os.sync()
-                    iops, bw, lat = fio([dict(uri=servers[kind].uri, rw=rw,
-                                              bs=bs, iodepth=qd, numjobs=nj)],
-                                        args.runtime, size)
-                    keep(best, kind, name, rw, iops, bw, lat)
+                    iops, bw, lat, cpu = measured(
+                        [servers[kind]],
+                        [dict(uri=servers[kind].uri, rw=rw, bs=bs,
+                              iodepth=qd, numjobs=nj)], args.runtime, size)
+                    keep(best, kind, name, rw, iops, bw, lat, cpu)
     finally:
         for srv in servers.values():
             srv.stop()
@@ -281,9 +309,10 @@ def bench_overlay(kind, work, args, size, best):
     fresh = fresh_image(kind, work, "ovl", base, size)
     srv = Server(kind, fresh, os.path.join(work, kind + "-ovl.sock"), args)
     try:
-        iops, bw, lat = fio([dict(uri=srv.uri, rw="randwrite", bs="4k",
-                                  iodepth=32, numjobs=1)], args.runtime, size)
-        keep(best, kind, "ovl-RND4K-Q32T1", "randwrite", iops, bw, lat)
+        iops, bw, lat, cpu = measured(
+            [srv], [dict(uri=srv.uri, rw="randwrite", bs="4k", iodepth=32,
+                         numjobs=1)], args.runtime, size)
+        keep(best, kind, "ovl-RND4K-Q32T1", "randwrite", iops, bw, lat, cpu)
     finally:
         srv.stop()
 
@@ -299,8 +328,8 @@ def bench_three(kind, work, args, size, best):
             servers.append(Server(kind, img, s3, args))
             jobs.append(dict(uri=servers[-1].uri, rw="randwrite",
                              bs="4k", iodepth=32, numjobs=1))
-        iops, bw, lat = fio(jobs, args.runtime, size)
-        keep(best, kind, "3img-RND4K-Q32T1", "randwrite", iops, bw, lat)
+        iops, bw, lat, cpu = measured(servers, jobs, args.runtime, size)
+        keep(best, kind, "3img-RND4K-Q32T1", "randwrite", iops, bw, lat, cpu)
     finally:
         for s in servers:
             s.stop()
@@ -347,12 +376,13 @@ def row_order(key):
     return (all_servers.index(server), JOB_ORDER.index(job + "/" + rw))
 
 
-def keep(best, server, job, rw, iops, bw, lat):
+def keep(best, server, job, rw, iops, bw, lat, cpu):
     """Records one run; the fastest of a (server, job, rw) is kept."""
     row = dict(server=server, job=job, rw=rw, iops=round(iops, 1),
-               mbps=round(bw, 1), lat_us=round(lat, 1))
-    log("  %-17s %-18s %-9s %10.0f IOPS %9.1f MB/s %9.1f us" % (
-        server, job, rw, iops, bw, lat))
+               mbps=round(bw, 1), lat_us=round(lat, 1),
+               cpu_us_per_req=round(cpu, 2))
+    log("  %-17s %-18s %-9s %10.0f IOPS %9.1f MB/s %9.1f us %7.2f us CPU/req"
+        % (server, job, rw, iops, bw, lat, cpu))
     key = (server, job, rw)
     if key not in best or best[key]["iops"] < row["iops"]:
         best[key] = row
@@ -381,6 +411,19 @@ def table(rows):
                   else "-" for a, b in pairs]
         lines.append("| %s | %s | %s | " % (job, rw, unit) +
                      " | ".join(cells + ratios) + " |")
+    lines += ["", "Server CPU time per request (us, user + system):", "",
+              "| job | rw | " + " | ".join(servers) + " | " +
+              " | ".join("%s / %s" % p for p in pairs) + " |",
+              "|---|---|" + "---:|" * (len(servers) + len(pairs))]
+    for job, rw in keys:
+        val = {s: by.get((s, job, rw), {}).get("cpu_us_per_req")
+               for s in servers}
+        cells = ["%.1f" % val[s] if val[s] is not None else "-"
+                 for s in servers]
+        ratios = ["%.2f" % (val[a] / val[b]) if val[a] is not None and val[b]
+                  else "-" for a, b in pairs]
+        lines.append("| %s | %s | " % (job, rw) + " | ".join(cells + ratios)
+                     + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -409,7 +452,7 @@ def main():
                     "raw-nbdkit-direct server (default: next to qcowtool)")
     ap.add_argument("--serve-args", default="",
                     help="more options for qcowtool serve (e.g. "
-                    "'--threads 32' or '--sync')")
+                    "'--threads 4')")
     ap.add_argument("--jobs", default="",
                     help="comma-separated job names to run (default: all)")
     ap.add_argument("--repeat", type=int, default=3,

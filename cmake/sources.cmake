@@ -5,8 +5,10 @@
 set(QCOW2_LIB_SOURCES
   ${PROJECT_SOURCE_DIR}/lib/api/amend.cc
   ${PROJECT_SOURCE_DIR}/lib/api/c.cc
+  ${PROJECT_SOURCE_DIR}/lib/api/c_maintenance.cc
   ${PROJECT_SOURCE_DIR}/lib/api/create.cc
   ${PROJECT_SOURCE_DIR}/lib/api/image.cc
+  ${PROJECT_SOURCE_DIR}/lib/api/image_bitmaps.cc
   ${PROJECT_SOURCE_DIR}/lib/api/live.cc
   ${PROJECT_SOURCE_DIR}/lib/api/queue.cc
   ${PROJECT_SOURCE_DIR}/lib/api/version.cc
@@ -46,6 +48,7 @@ set(QCOW2_LIB_SOURCES
   ${PROJECT_SOURCE_DIR}/lib/engine/engine_fill.cc
   ${PROJECT_SOURCE_DIR}/lib/engine/engine_live.cc
   ${PROJECT_SOURCE_DIR}/lib/engine/engine_ops.cc
+  ${PROJECT_SOURCE_DIR}/lib/engine/engine_bitmaps.cc
   ${PROJECT_SOURCE_DIR}/lib/engine/engine_snapshots.cc
   ${PROJECT_SOURCE_DIR}/lib/engine/engine_plan.cc
   ${PROJECT_SOURCE_DIR}/lib/engine/flush_group.cc
@@ -70,6 +73,9 @@ set(QCOW2_LIB_SOURCES
   ${PROJECT_SOURCE_DIR}/lib/meta/write_back_file.cc
   ${PROJECT_SOURCE_DIR}/lib/ops/chunk_runner.cc
   ${PROJECT_SOURCE_DIR}/lib/ops/commit.cc
+  ${PROJECT_SOURCE_DIR}/lib/ops/host_probe.cc
+  ${PROJECT_SOURCE_DIR}/lib/ops/maintenance.cc
+  ${PROJECT_SOURCE_DIR}/lib/ops/measure.cc
   ${PROJECT_SOURCE_DIR}/lib/ops/rebase.cc
   ${PROJECT_SOURCE_DIR}/lib/ops/stream.cc
 )
@@ -99,6 +105,7 @@ set(QCOWTOOL_SOURCES
   ${PROJECT_SOURCE_DIR}/tools/cmd_convert.cc
   ${PROJECT_SOURCE_DIR}/tools/convert_copy.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_create.cc
+  ${PROJECT_SOURCE_DIR}/tools/cmd_dd.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_info.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_io.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_map.cc
@@ -106,6 +113,7 @@ set(QCOWTOOL_SOURCES
   ${PROJECT_SOURCE_DIR}/tools/cmd_rebase.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_resize.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_serve.cc
+  ${PROJECT_SOURCE_DIR}/tools/cmd_serve_vhost.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_snapshot.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_stream.cc
   ${PROJECT_SOURCE_DIR}/tools/create_options.cc
@@ -114,7 +122,6 @@ set(QCOWTOOL_SOURCES
   ${PROJECT_SOURCE_DIR}/tools/json_writer.cc
   ${PROJECT_SOURCE_DIR}/tools/main.cc
   ${PROJECT_SOURCE_DIR}/tools/map_walk.cc
-  ${PROJECT_SOURCE_DIR}/tools/measure.cc
   ${PROJECT_SOURCE_DIR}/tools/progress.cc
   ${PROJECT_SOURCE_DIR}/tools/status_above.cc
 )

@@ -19,7 +19,7 @@
 // CheckImage (no corruptions and no check errors; leaks are allowed) and
 // the chain is reopened read-only and compared once more.
 //
-// Semantics (include/qcow2/image.h, tests/util/model.h): write-zeroes and
+// Semantics (include/qcow2/image.h, testing/model.h): write-zeroes and
 // discard read as zeros afterwards; a new overlay reads as its backing file
 // (cut or zero-extended to its size); growing exposes the backing file
 // where it reaches and zeros beyond.

@@ -23,7 +23,7 @@
 // file without handing the write to a kernel worker of the submitting
 // thread's ring (and one worker at a time per file), so with a ring per
 // nbdkit thread a 4 KiB write cost 60-135 us of CPU against 14 us for a
-// synchronous call (docs/benchmarks.md, "NBD serving"). Synchronous
+// synchronous call (bench/results/2026-12-03-nbd-serving.md). Synchronous
 // writes through the page cache run at most two per CPU at a time
 // (WriteGate).
 #define NBDKIT_API_VERSION 2
@@ -217,7 +217,7 @@ absl::Status RunOnQueue(qcow2::Queue* q, Op op, void* buf, uint64_t count,
 // connections of 16 nbdkit threads, up to 256 writers queued on those
 // locks and spun there for owners that were not running; gated, 4 KiB
 // random writes from 16 fio jobs went from 0.77-0.82 to 0.89-0.97 of
-// nbdkit's file plugin (docs/benchmarks.md, "NBD serving"). Reads are not
+// nbdkit's file plugin (bench/results/2026-12-05-nbd-serving.md). Reads are not
 // gated: one that misses the page cache waits for the disk. Nor are
 // writes with direct=true, which wait for the disk too.
 // Leaked on purpose: threads may outlive static destructors.

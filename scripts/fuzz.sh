@@ -9,7 +9,7 @@
 #   options:
 #     --build-dir DIR        clang build tree (default: build-fuzz; relative
 #                            paths are taken from the repository root)
-#     --target NAME          fuzz only NAME (repeatable; default: all three)
+#     --target NAME          fuzz only NAME (repeatable; default: all)
 #     --keep-going           libFuzzer fork mode: carry on after crashes
 #                            (-ignore_crashes=1 ...); every crash is saved
 #     --no-build             use the fuzzers already built in DIR
@@ -37,7 +37,7 @@ targets=()
 keep_going=0
 do_build=1
 skip_unavailable=0
-all_targets=(fuzz_open_read fuzz_decompress fuzz_ops)
+all_targets=(fuzz_open_read fuzz_decompress fuzz_ops fuzz_nbd fuzz_vhost)
 
 usage() { sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; }
 
@@ -130,9 +130,10 @@ done
 # --- seeds ------------------------------------------------------------------
 seeds="$build_dir/fuzz-seeds"
 rm -rf "$seeds"
-mkdir -p "$seeds"/{fuzz_open_read,fuzz_decompress,fuzz_ops}
+mkdir -p "$seeds"/{fuzz_open_read,fuzz_decompress,fuzz_ops,fuzz_nbd,fuzz_vhost}
 "$bin/fuzz_seed_tool" synth "$seeds/fuzz_decompress" >/dev/null
 "$bin/fuzz_seed_tool" random "$seeds/fuzz_ops" 16
+python3 fuzz/nbd_seeds.py "$seeds/fuzz_nbd"
 
 # Images made by QEMU: cluster sizes, v2/v3, refcount widths, extended L2,
 # zlib and zstd compressed clusters, zero clusters, discards, lazy

@@ -47,3 +47,24 @@ add_test(NAME library_symbols
     if [ -n \"$bad\" ] || [ \"$c\" -lt 20 ]; then echo \"not public API:\"; echo \"$bad\"; exit 1; fi"
   $<TARGET_FILE:qcow2_shared>)
 set_tests_properties(library_symbols PROPERTIES LABELS unit)
+
+# The C API's maintenance calls (tests/c_api_maintenance_test.c): check and
+# repair, bitmaps, measure, commit, snapshots, against qemu-img; strict C11
+# as above.
+add_executable(c_api_maintenance_test
+  ${CMAKE_CURRENT_SOURCE_DIR}/c_api_maintenance_test.c)
+set_target_properties(c_api_maintenance_test PROPERTIES
+  C_STANDARD 11
+  C_STANDARD_REQUIRED ON
+  C_EXTENSIONS OFF)
+target_compile_options(c_api_maintenance_test PRIVATE
+  -Wall -Wextra -Werror -pedantic)
+target_link_libraries(c_api_maintenance_test PRIVATE qcow2_shared)
+if(QCOW2_SANITIZE)
+  set_target_properties(c_api_maintenance_test PROPERTIES LINKER_LANGUAGE CXX)
+endif()
+add_test(NAME c_api_maintenance
+  COMMAND sh -c "d=$(mktemp -d) && \"$0\" \"$d\"; rc=$?; rm -rf \"$d\"; exit $rc"
+          $<TARGET_FILE:c_api_maintenance_test>)
+set_tests_properties(c_api_maintenance PROPERTIES LABELS interop
+  SKIP_RETURN_CODE 77)

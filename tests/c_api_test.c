@@ -23,34 +23,11 @@
 
 #include "qcow2/c.h"
 #include "qcow2/version.h"
+#include "c_api_check.h"
 
 #define MIB (UINT64_C(1) << 20)
 #define SIZE (4 * MIB)
 #define CLUSTER 65536u
-
-static int failures;
-
-#define CHECK(cond)                                                       \
-  do {                                                                    \
-    if (!(cond)) {                                                        \
-      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__,    \
-              #cond);                                                     \
-      ++failures;                                                         \
-    }                                                                     \
-  } while (0)
-
-/* rc must be 0 and err NULL; prints the message otherwise. */
-#define CHECK_OK(rc, err)                                                 \
-  do {                                                                    \
-    int check_rc_ = (rc);                                                 \
-    if (check_rc_ != 0 || (err) != NULL) {                                \
-      fprintf(stderr, "%s:%d: %s = %d: %s\n", __FILE__, __LINE__, #rc,    \
-              check_rc_, (err) != NULL ? (err) : "(no message)");         \
-      ++failures;                                                         \
-      qcow2_free(err);                                                    \
-      (err) = NULL;                                                       \
-    }                                                                     \
-  } while (0)
 
 /* rc must be `want` (a negative errno) with a message containing `part`. */
 static void expect_error(int rc, int want, char** err, const char* part,

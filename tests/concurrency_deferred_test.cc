@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Deferred copy-on-write and byte-range locks (lib/image/qcow2_pending.cc):
+// Deferred copy-on-write and byte-range locks (lib/driver/pending_clusters.cc):
 // small writes that follow one another into a fresh overlay with standard
 // L2 entries fill its clusters without reading the backing file; clusters
 // they leave partly covered are filled at the flush; requests that need a

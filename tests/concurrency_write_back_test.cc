@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // A flush's metadata write-back runs without the image's lock
-// (lib/cache/write_back_file.h): the write-back file's ordering rules, and
+// (lib/meta/write_back_file.h): the write-back file's ordering rules, and
 // requests going on while a flush writes metadata.
 #include <algorithm>
 #include <atomic>

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "lib/ops/lifecycle.h"
+#include "qcow2/maintenance.h"
 #include "qcow2/image.h"
 #include "testing/fault_file.h"
 #include "tests/util/power_cut_sweep.h"
@@ -176,7 +176,7 @@ class CrashLifecycleTest : public ::testing::TestWithParam<Config> {
         d->die_at = op;
       };
     }
-    ops::ChainOpOptions opts;
+    ChainOpOptions opts;
     opts.open.opener = &fs_;
     opts.chunk = 256 << 10;
     opts.depth = 4;
@@ -184,18 +184,18 @@ class CrashLifecycleTest : public ::testing::TestWithParam<Config> {
     switch (GetParam().op) {
       case Op::kCommit:
       case Op::kCommitBase: {
-        ops::CommitSpec spec;
+        CommitSpec spec;
         spec.image = File("top");
         if (GetParam().op == Op::kCommitBase) {
           spec.base = File("base").substr(sizeof kDir - 1);
         }
-        s = ops::Commit(spec, opts).status();
+        s = Commit(spec, opts).status();
         break;
       }
       case Op::kRebaseBase:
       case Op::kRebaseOther:
       case Op::kFlatten: {
-        ops::RebaseSpec spec;
+        RebaseSpec spec;
         spec.image = File("top");
         if (GetParam().op != Op::kFlatten) {
           const std::string to =
@@ -203,14 +203,14 @@ class CrashLifecycleTest : public ::testing::TestWithParam<Config> {
           spec.backing = File(to).substr(sizeof kDir - 1);
           spec.backing_format = to == "base" && RawBase() ? "raw" : "qcow2";
         }
-        s = ops::Rebase(spec, opts);
+        s = Rebase(spec, opts);
         break;
       }
       case Op::kStream: {
-        ops::StreamSpec spec;
+        StreamSpec spec;
         spec.image = File("top");
         spec.base = File("base").substr(sizeof kDir - 1);
-        s = ops::StreamChain(spec, opts);
+        s = StreamChain(spec, opts);
         break;
       }
     }

@@ -2,7 +2,7 @@
 // Power-cut sweep and error injection for the write path.
 //
 // A scripted workload runs over an overlay on a backing file, both on
-// simulated disks (lib/io/fault_file.h). For every file operation N the
+// simulated disks (testing/fault_file.h). For every file operation N the
 // workload is replayed with the machine dying at N; then the volatile writes
 // are dropped (all of them, a random half, or all but the newest: a
 // reordering disk cache) and

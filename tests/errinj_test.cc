@@ -75,7 +75,7 @@ struct Config {
   uint64_t refcount_cache_bytes = 1 * kMiB;
   int scattered = 12;     // small writes at random places
   bool overlays = false;  // live snapshots in the middle of the workload
-  // Named steps the dry run must go through (lib/util/events.h).
+  // Named steps the dry run must go through (lib/base/events.h).
   std::vector<std::string> events;
   // A known library defect, reported and not fixed yet: when every problem
   // of the write sweep contains `defect_signature`, the sweep is reported

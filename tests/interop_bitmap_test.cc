@@ -4,18 +4,21 @@
 // info, and the bits themselves read by qemu-nbd through nbdinfo --map,
 // which share no code with our reader). Also: a crash leaves the bitmaps
 // in use, a power cut at every write step of a clean close leaves them
-// stored or in use, `qcowtool bitmap` does what `qemu-img bitmap` does, and
-// malformed or unsupported bitmap directories are refused, never crashed
-// on.
+// stored or in use, `qcowtool bitmap` does what `qemu-img bitmap` does, the
+// public calls (Image::ListBitmaps, GetBitmapStatus, the edits) agree with
+// QEMU, and malformed or unsupported bitmap directories are refused, never
+// crashed on.
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <map>
 #include <random>
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -594,6 +597,188 @@ TEST(BitmapMalformedTest, ExtensionChecks) {
   bad(15, 0, "bitmap_directory_size 0");
   EXPECT_FALSE(
       internal::DecodeBitmapsExtension({1, 2, 3}, h, 1 << 20, "x").ok());
+}
+
+// --- The public bitmap calls of Image (ListBitmaps, GetBitmapStatus and
+// the edits): the dirty granules GetBitmapStatus walks on an open image,
+// while requests run on a queue, are the ones qemu-nbd exports once the
+// image is closed, and the listing is what `qemu-img info` lists.
+
+// The granules of bitmap `name` that GetBitmapStatus reports dirty, walking
+// the disk range by range (each range uniform and granule-aligned).
+std::set<uint64_t> OurDirtyGranules(const Image& image,
+                                    const std::string& name,
+                                    uint64_t granularity) {
+  std::set<uint64_t> out;
+  uint64_t off = 0;
+  while (off < image.size()) {
+    absl::StatusOr<BitmapStatus> st =
+        image.GetBitmapStatus(name, off, image.size());
+    EXPECT_TRUE(st.ok()) << st.status();
+    if (!st.ok()) break;
+    EXPECT_EQ(st->offset, off);
+    EXPECT_GT(st->length, 0u);
+    EXPECT_TRUE((off + st->length) % granularity == 0 ||
+                off + st->length == image.size())
+        << off << "+" << st->length;
+    if (st->dirty) {
+      for (uint64_t g = off / granularity;
+           g <= (off + st->length - 1) / granularity; ++g) {
+        out.insert(g);
+      }
+    }
+    off += st->length;
+  }
+  return out;
+}
+
+// The bitmaps as Image::ListBitmaps lists them, in QemuBitmaps' terms.
+std::map<std::string, SeenBitmap> OurListed(const Image& image) {
+  std::map<std::string, SeenBitmap> out;
+  absl::StatusOr<std::vector<BitmapInfo>> list = image.ListBitmaps();
+  EXPECT_TRUE(list.ok()) << list.status();
+  if (!list.ok()) return out;
+  for (const BitmapInfo& b : *list) {
+    SeenBitmap s;
+    s.flags = b.in_use && b.enabled ? "in-use,auto"
+              : b.in_use            ? "in-use"
+              : b.enabled           ? "auto"
+                                    : "";
+    s.granularity = b.granularity;
+    out[b.name] = s;
+  }
+  return out;
+}
+
+TEST(BitmapApiTest, LiveStatusIsWhatQemuExportsAfterClose) {
+  SKIP_WITHOUT_QEMU();
+  if (!HaveNbdinfo()) GTEST_SKIP() << "no nbdinfo/qemu-nbd (libnbd-bin)";
+  testing::TempDir dir;
+  const std::string path = dir.File("disk.qcow2");
+  constexpr uint64_t kSize = 8ull << 20;
+  QemuImg({"create", "-q", "-f", "qcow2", "-o", "cluster_size=65536", path,
+           std::to_string(kSize)});
+  // "old" comes from qemu-img, with writes made before we open.
+  QemuImg({"bitmap", "--add", "-g", "65536", path, "old"});
+  QemuImg({"bitmap", "--add", "--disable", "-g", "131072", path, "off"});
+  CommandResult io = testing::Run(
+      {"qemu-io", "-f", "qcow2", "-c", "write 0 4k", "-c", "write 3M 1k",
+       path});
+  ASSERT_EQ(io.exit_code, 0) << io.err;
+
+  OpenOptions oo;
+  oo.read_write = true;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Image> image, Image::Open(path, oo));
+  ASSERT_OK(image->AddBitmap("fine", 4096));
+  ASSERT_OK(image->AddBitmap("coarse", 1 << 20, /*enabled=*/false));
+  ASSERT_OK(image->AddBitmap("default"));
+  absl::Status dup = image->AddBitmap("fine", 4096);
+  EXPECT_EQ(dup.code(), absl::StatusCode::kAlreadyExists) << dup;
+
+  // Writes on a queue while another thread reads the status: the status
+  // call must be safe beside requests in flight.
+  std::atomic<bool> done{false};
+  std::thread reader([&] {
+    while (!done.load()) {
+      absl::StatusOr<BitmapStatus> st = image->GetBitmapStatus("fine", 0, kSize);
+      ASSERT_TRUE(st.ok()) << st.status();
+    }
+  });
+  {
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Queue> q, image->CreateQueue());
+    std::vector<uint8_t> buf(8192, 0xab);
+    const uint64_t writes[] = {5000, 1 << 20, (5 << 20) + 100, kSize - 8192};
+    int left = 0;
+    for (uint64_t off : writes) {
+      ++left;
+      ASSERT_OK(q->SubmitWrite(off, absl::MakeSpan(buf),
+                               [&](absl::Status s) {
+                                 EXPECT_OK(s);
+                                 --left;
+                               }));
+    }
+    ASSERT_OK(q->SubmitWriteZeroes(6 << 20, 3000, false,
+                                   [&](absl::Status s) { EXPECT_OK(s); }));
+    q->Drain();
+  }
+  done = true;
+  reader.join();
+  ASSERT_OK(image->WriteZeroes(7 << 20, 65536));
+
+  // What each bitmap saw, while the image is open.
+  const std::set<uint64_t> fine = OurDirtyGranules(*image, "fine", 4096);
+  const std::set<uint64_t> want_fine = {1, 2, 3, 256, 257, 1280, 1281, 1282,
+                                        1536, 2046, 2047, 1792, 1793, 1794,
+                                        1795, 1796, 1797, 1798, 1799, 1800,
+                                        1801, 1802, 1803, 1804, 1805, 1806,
+                                        1807};
+  EXPECT_EQ(fine, want_fine);
+  EXPECT_TRUE(OurDirtyGranules(*image, "coarse", 1 << 20).empty());
+  const std::set<uint64_t> old_live = OurDirtyGranules(*image, "old", 65536);
+  EXPECT_TRUE(old_live.count(0) && old_live.count(48) && old_live.count(16))
+      << "before-open and live writes both recorded";
+  EXPECT_TRUE(OurDirtyGranules(*image, "off", 131072).empty());
+
+  // A status clipped by max_len, and the errors.
+  ASSERT_OK_AND_ASSIGN(BitmapStatus one,
+                       image->GetBitmapStatus("fine", 4096, 100));
+  EXPECT_TRUE(one.dirty);
+  EXPECT_EQ(one.length, 100u);
+  absl::StatusOr<BitmapStatus> missing = image->GetBitmapStatus("nope", 0, 1);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(absl::StrContains(missing.status().message(), "nope"));
+  EXPECT_EQ(image->GetBitmapStatus("fine", kSize, 1).status().code(),
+            absl::StatusCode::kOutOfRange);
+
+  // Merge, clear, enable, disable, remove.
+  ASSERT_OK(image->MergeBitmap("coarse", "fine"));
+  ASSERT_OK(image->EnableBitmap("off"));
+  ASSERT_OK(image->DisableBitmap("default"));
+  ASSERT_OK(image->ClearBitmap("old"));
+  ASSERT_OK(image->AddBitmap("gone", 65536));
+  ASSERT_OK(image->RemoveBitmap("gone"));
+  EXPECT_EQ(image->RemoveBitmap("gone").code(), absl::StatusCode::kNotFound);
+  ASSERT_OK(image->Write(0, std::vector<uint8_t>(512, 1)));
+  const std::map<std::string, SeenBitmap> live = OurListed(*image);
+  const std::set<uint64_t> coarse_want = {0, 1, 5, 6, 7};
+  EXPECT_EQ(OurDirtyGranules(*image, "coarse", 1 << 20), coarse_want);
+  ASSERT_OK(image->Close());
+  image.reset();
+
+  // QEMU's view of the stored bitmaps.
+  EXPECT_EQ(QemuBitmaps(path), live);
+  std::set<uint64_t> fine_after = fine;
+  fine_after.insert(0);  // the last write
+  EXPECT_EQ(QemuDirtyGranules(path, "fine", 4096), fine_after);
+  EXPECT_EQ(QemuDirtyGranules(path, "coarse", 1 << 20), coarse_want);
+  const std::set<uint64_t> old_want = {0};
+  EXPECT_EQ(QemuDirtyGranules(path, "old", 65536), old_want);
+  EXPECT_EQ(QemuDirtyGranules(path, "off", 131072), old_want);
+  EXPECT_EQ(testing::QemuCheck(path).exit_code, 0);
+
+  // Read-only: loaded from the file on first use, the same bits.
+  OpenOptions ro;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Image> again, Image::Open(path, ro));
+  EXPECT_EQ(OurListed(*again), live);
+  EXPECT_EQ(OurDirtyGranules(*again, "fine", 4096), fine_after);
+  EXPECT_EQ(again->AddBitmap("x").code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(BitmapApiTest, RawImagesHaveNone) {
+  testing::TempDir dir;
+  const std::string path = dir.File("disk.raw");
+  CreateOptions co;
+  co.format = ImageFormat::kRaw;
+  co.size = 1 << 20;
+  ASSERT_OK(CreateImage(path, co));
+  OpenOptions oo;
+  oo.read_write = true;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Image> image, Image::Open(path, oo));
+  ASSERT_OK_AND_ASSIGN(std::vector<BitmapInfo> list, image->ListBitmaps());
+  EXPECT_TRUE(list.empty());
+  EXPECT_EQ(image->GetBitmapStatus("b", 0, 1).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(image->AddBitmap("b").code(), absl::StatusCode::kUnimplemented);
 }
 
 }  // namespace

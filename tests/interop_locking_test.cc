@@ -28,24 +28,9 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
+using testing::ByteLocked;
 using testing::CommandResult;
 using testing::TempDir;
-
-// Whether an open file description other than ours holds `byte` of
-// `path` (as an OFD lock test from a fresh descriptor sees it).
-bool ByteLocked(const std::string& path, int byte) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  struct flock fl;
-  std::memset(&fl, 0, sizeof(fl));
-  fl.l_whence = SEEK_SET;
-  fl.l_start = byte;
-  fl.l_len = 1;
-  fl.l_type = F_WRLCK;
-  const bool taken = ::fcntl(fd, F_OFD_GETLK, &fl) == 0 && fl.l_type != F_UNLCK;
-  ::close(fd);
-  return taken;
-}
 
 // A qemu-io process holding `path` open until destroyed.
 class QemuIoHolder {

@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// `qcowtool serve` (nbdkit with the libqcow2 plugin) driven by real NBD
-// clients: qemu-img and qemu-io (nbd+unix://), nbdinfo, nbdcopy and fio's
-// nbd engine. Every test serves a chain (a base and an overlay built by
+// `qcowtool serve` (the project's own NBD server, serve/nbd/, and with
+// --nbdkit nbdkit with the libqcow2 plugin) driven by real NBD clients:
+// qemu-img and qemu-io (nbd+unix://), nbdinfo, nbdcopy and fio's nbd
+// engine. Every test serves a chain (a base and an overlay built by
 // qemu-img/qemu-io), and every served image must pass `qemu-img check`
-// once the server has stopped. Skipped when nbdkit is not installed.
+// once the server has stopped. The --nbdkit cases skip without nbdkit.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -226,10 +227,7 @@ void ExpectClean(const std::string& image) {
 
 class NbdTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    SKIP_WITHOUT("nbdkit");
-    SKIP_WITHOUT("qemu-img");
-  }
+  void SetUp() override { SKIP_WITHOUT("qemu-img"); }
 };
 
 // The export reads as the chain does (qemu-img compare, also against the
@@ -310,9 +308,10 @@ TEST_F(NbdTest, ReadOnlyExportRefusesWrites) {
 // qemu-io's random writes, zero writes (with and without unmap) and
 // cluster-aligned discards through the export leave the chain equal to
 // the same commands run by qemu-io on a copy of it.
-// The server's three ways of running requests: synchronous calls (the
-// default through the page cache), a queue per nbdkit thread (--queue),
-// and queues over O_DIRECT files (--direct).
+// The own server through the page cache and over O_DIRECT files
+// (--direct); the nbdkit plugin's three ways of running requests:
+// synchronous calls (the default through the page cache), a queue per
+// nbdkit thread (--queue), and queues over O_DIRECT files (--direct).
 void QemuIoThroughExport(const std::vector<std::string>& flags,
                          const char* mode) {
   TempDir dir;
@@ -337,7 +336,7 @@ void QemuIoThroughExport(const std::vector<std::string>& flags,
   const std::vector<std::string> commands = testing::ToQemuIoCommands(ops);
 
   std::vector<std::string> verbose = flags;
-  verbose.push_back("-v");  // nbdkit's debug lines name the mode
+  verbose.push_back("-v");  // the first log lines name the mode
   Server server(dir, top, verbose);
   ASSERT_TRUE(server.running()) << server.Log();
   ASSERT_OK(testing::QemuIo(server.uri(), commands, "raw"));
@@ -354,16 +353,26 @@ void QemuIoThroughExport(const std::vector<std::string>& flags,
 }
 
 TEST_F(NbdTest, QemuIoThroughExportEqualsQemuIoOnCopy) {
-  QemuIoThroughExport({}, "synchronous");
-}
-TEST_F(NbdTest, QemuIoThroughExportEqualsQemuIoOnCopyQueues) {
-  QemuIoThroughExport({"--queue"}, "one queue per thread");
+  QemuIoThroughExport({}, "through the page cache");
 }
 TEST_F(NbdTest, QemuIoThroughExportEqualsQemuIoOnCopyDirect) {
-  QemuIoThroughExport({"--direct"}, "one queue per thread");
+  QemuIoThroughExport({"--direct"}, "O_DIRECT");
+}
+TEST_F(NbdTest, QemuIoThroughExportEqualsQemuIoOnCopyNbdkit) {
+  SKIP_WITHOUT("nbdkit");
+  QemuIoThroughExport({"--nbdkit"}, "synchronous");
+}
+TEST_F(NbdTest, QemuIoThroughExportEqualsQemuIoOnCopyNbdkitQueues) {
+  SKIP_WITHOUT("nbdkit");
+  QemuIoThroughExport({"--nbdkit", "--queue"}, "one queue per thread");
+}
+TEST_F(NbdTest, QemuIoThroughExportEqualsQemuIoOnCopyNbdkitDirect) {
+  SKIP_WITHOUT("nbdkit");
+  QemuIoThroughExport({"--nbdkit", "--direct"}, "one queue per thread");
 }
 
-// nbdcopy out to a raw file equals the chain; nbdcopy back into a fresh
+// nbdcopy (4 connections, multi-conn) out to a raw file equals the chain;
+// nbdcopy back into a fresh
 // served image gives an image equal to it, holes kept as holes.
 TEST_F(NbdTest, NbdcopyOutAndBack) {
   SKIP_WITHOUT("nbdcopy");
@@ -373,7 +382,7 @@ TEST_F(NbdTest, NbdcopyOutAndBack) {
   {
     Server server(dir, top, {"-r"});
     ASSERT_TRUE(server.running()) << server.Log();
-    CommandResult out = Cmd({"nbdcopy", server.uri(), raw});
+    CommandResult out = Cmd({"nbdcopy", "--connections=4", server.uri(), raw});
     ASSERT_EQ(out.exit_code, 0) << out.err;
     EXPECT_EQ(server.Stop(), 0) << server.Log();
   }
@@ -388,7 +397,7 @@ TEST_F(NbdTest, NbdcopyOutAndBack) {
   {
     Server server(dir, fresh);
     ASSERT_TRUE(server.running()) << server.Log();
-    CommandResult back = Cmd({"nbdcopy", raw, server.uri()});
+    CommandResult back = Cmd({"nbdcopy", "--connections=4", raw, server.uri()});
     ASSERT_EQ(back.exit_code, 0) << back.err;
     EXPECT_EQ(server.Stop(), 0) << server.Log();
   }
@@ -431,10 +440,11 @@ TEST_F(NbdTest, Fio16JobsVerifyCrc32c) {
   if (!HaveFioNbd()) GTEST_SKIP() << "this fio has no nbd engine";
   Fio16JobsVerify({});
 }
-TEST_F(NbdTest, Fio16JobsVerifyCrc32cQueues) {
+TEST_F(NbdTest, Fio16JobsVerifyCrc32cNbdkitQueues) {
   SKIP_WITHOUT("fio");
+  SKIP_WITHOUT("nbdkit");
   if (!HaveFioNbd()) GTEST_SKIP() << "this fio has no nbd engine";
-  Fio16JobsVerify({"--queue"});
+  Fio16JobsVerify({"--nbdkit", "--queue"});
 }
 TEST_F(NbdTest, Fio16JobsVerifyCrc32cDirect) {
   SKIP_WITHOUT("fio");
@@ -471,17 +481,22 @@ TEST_F(NbdTest, ClientKilledMidWriteLeavesImageConsistent) {
 }
 
 // --fork --pid-file: the command returns once the socket listens and the
-// pid file names the server (nbdkit's daemon writes it after its first
-// process has exited: the command waits for it, and a stale file from an
-// earlier server is not taken for it), which SIGTERM stops.
-TEST_F(NbdTest, ForkWithPidFile) {
+// pid file names the server (the own server's child writes it before it
+// listens; nbdkit's daemon writes it after its first process has exited:
+// the command waits for it, and a stale file from an earlier server is
+// not taken for it), which SIGTERM stops.
+void ForkWithPidFile(const std::vector<std::string>& flags,
+                     const std::string& comm_name) {
   TempDir dir;
   const std::string top = BuildChain(dir);
   const std::string sock = dir.File("fork.sock");
   const std::string pid_file = dir.File("serve.pid");
   ASSERT_OK(testing::WriteFileBytes(pid_file, {'1', '\n'}));
-  CommandResult r = Cmd({testing::QcowtoolPath(), "serve", "--fork",
-                         "--pid-file", pid_file, "--socket", sock, top});
+  std::vector<std::string> argv = {testing::QcowtoolPath(), "serve"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  argv.insert(argv.end(),
+              {"--fork", "--pid-file", pid_file, "--socket", sock, top});
+  CommandResult r = Cmd(argv);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(CanConnect(sock));
   auto bytes = testing::ReadFileBytes(pid_file);
@@ -492,7 +507,7 @@ TEST_F(NbdTest, ForkWithPidFile) {
       &pid));
   auto comm = testing::ReadFileBytes(absl::StrCat("/proc/", pid, "/comm"));
   ASSERT_TRUE(comm.ok()) << comm.status();
-  EXPECT_EQ(std::string(comm->begin(), comm->end()), "nbdkit\n");
+  EXPECT_EQ(std::string(comm->begin(), comm->end()), comm_name + "\n");
   CommandResult w = Cmd({"qemu-io", "-f", "raw", "-c", "write -P 9 0 64k",
                          Uri(sock)});
   EXPECT_EQ(w.exit_code, 0) << w.err;
@@ -512,6 +527,12 @@ TEST_F(NbdTest, ForkWithPidFile) {
                             "read -P 9 0 64k", top});
   EXPECT_EQ(read.exit_code, 0) << read.out << read.err;
   EXPECT_THAT(read.out, ::testing::Not(HasSubstr("fail")));
+}
+
+TEST_F(NbdTest, ForkWithPidFile) { ForkWithPidFile({}, "qcowtool"); }
+TEST_F(NbdTest, ForkWithPidFileNbdkit) {
+  SKIP_WITHOUT("nbdkit");
+  ForkWithPidFile({"--nbdkit"}, "nbdkit");
 }
 
 }  // namespace

@@ -1,12 +1,19 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""Checks the include layering of lib/.
+"""Checks the include layering of lib/ and of the library's users.
 
 The folders of lib/ are layered bottom to top in the order given by the
 line `<!-- layers: base io ... -->` of docs/architecture.md. A file in
 lib/A may include lib/B only when B is A or comes before it, every lib/
 folder must appear in the order, and nothing in lib/ may include the test
-doubles, tests or tools. Exits 1, naming each offending include, if not.
+doubles, tests or tools. The layers below the public facades (lib/api)
+take the public value types from qcow2/types.h, never the facades'
+headers (qcow2/image.h, queue.h, c.h, maintenance.h).
+
+The library's users (tools/, nbd/, examples/, serve/) reach it through
+include/qcow2/ alone: a file there may include qcow2/*.h, its own folder
+and system headers, never lib/, testing/, tests/ nor another folder of
+this tree. Exits 1, naming each offending include, if not.
 
 Usage: layers_check.py SOURCE_DIR
 """
@@ -17,6 +24,13 @@ import sys
 ORDER_RE = re.compile(r"^<!-- layers: ([\w ]+) -->$", re.M)
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s+["<]([^">]+)[">]')
 FORBIDDEN = ("testing/", "tests/", "tools/")
+# The public headers that are facades, not value types: the layers below
+# lib/api must not include them.
+FACADES = ("qcow2/image.h", "qcow2/queue.h", "qcow2/c.h",
+           "qcow2/maintenance.h")
+FACADE_LAYER = "api"
+# The folders whose files use the library only through include/qcow2/.
+USERS = ("tools", "nbd", "examples", "serve")
 
 
 def find_cycles(edges):
@@ -45,6 +59,42 @@ def find_cycles(edges):
         ring = ring[i:] + ring[:i]
         cycles.setdefault(tuple(ring), ring + [ring[0]])
     return list(cycles.values())
+
+
+def check_users(root, errors):
+    """Adds to `errors` every include of a file under USERS that reaches
+    past include/qcow2/ into this tree; returns the number of files."""
+    # This tree's folders (the known ones too, for a partial copy).
+    tree = {d for d in os.listdir(root)
+            if os.path.isdir(os.path.join(root, d)) and not d.startswith(".")}
+    tree |= {"lib", "testing", "tests", "bench", "fuzz", "include"}
+    tree |= set(USERS)
+    files = 0
+    for top in USERS:
+        base = os.path.join(root, top)
+        if not os.path.isdir(base):
+            continue
+        for dirpath, dirnames, names in os.walk(base):
+            dirnames.sort()
+            for name in sorted(names):
+                rel = os.path.relpath(os.path.join(dirpath, name), root)
+                with open(os.path.join(root, rel), encoding="utf-8",
+                          errors="replace") as f:
+                    lines = f.read().splitlines()
+                files += 1
+                for n, line in enumerate(lines, 1):
+                    inc = INCLUDE_RE.match(line)
+                    if not inc:
+                        continue
+                    first = inc.group(1).split("/")[0]
+                    if "/" not in inc.group(1) or first == top:
+                        continue
+                    if first in tree:
+                        errors.append(
+                            f"{rel}:{n}: {line.strip()}  ({top}/ uses the "
+                            f"library through include/qcow2/ only, not "
+                            f"{first}/)")
+    return files
 
 
 def main(argv):
@@ -88,6 +138,13 @@ def main(argv):
                     errors.append(f"{where}  (lib/ must not include "
                                   f"{target.split('/')[0]}/)")
                     continue
+                if (target in FACADES and src in rank and
+                        FACADE_LAYER in rank and
+                        rank[src] < rank[FACADE_LAYER]):
+                    errors.append(f"{where}  (lib/{src} is below lib/"
+                                  f"{FACADE_LAYER}: take the value types "
+                                  "from qcow2/types.h)")
+                    continue
                 if not target.startswith("lib/") or target.count("/") < 2:
                     continue
                 dst = target.split("/")[1]
@@ -102,6 +159,8 @@ def main(argv):
                 elif src in rank and rank[dst] > rank[src]:
                     errors.append(f"{where}  (lib/{src} includes lib/{dst}, "
                                   "a layer above it)")
+
+    files += check_users(root, errors)
 
     for cycle in find_cycles(edges):
         errors.append("folder cycle: " + " -> ".join(cycle))

@@ -4,7 +4,7 @@
 // (CreateImage + Open, Image::CreateOverlay, or qemu-img create) / resize
 // over backing chains of depth 0..3, checked after every step against a
 // flat byte-array model
-// (tests/util/model.h) through our own reader and, at the end of each
+// (testing/model.h) through our own reader and, at the end of each
 // sequence and after some flushes, against QEMU: `qemu-img convert -O raw`
 // of the top must equal the model and `qemu-img check` of every qcow2 file
 // we wrote must exit 0 (no corruption, no leak).

@@ -72,7 +72,7 @@ std::string ChainUsage(std::string_view head, std::string_view exit_line) {
                       std::string(exit_line));
 }
 
-absl::Status WithProgress(bool enabled, ops::ChainOpOptions* opts,
+absl::Status WithProgress(bool enabled, ChainOpOptions* opts,
                           const std::function<absl::Status()>& op) {
   if (!enabled) return op();
   Progress bar(true, 1.0f);

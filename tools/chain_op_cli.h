@@ -12,7 +12,7 @@
 #include <string_view>
 
 #include "absl/status/status.h"
-#include "lib/ops/lifecycle.h"
+#include "qcow2/maintenance.h"
 #include "qcow2/options.h"
 #include "tools/progress.h"
 
@@ -26,7 +26,7 @@ struct ChainArgs {
   bool have_backing = false;
   bool progress = false;  // -p, unless -q
   bool quiet = false;     // -q
-  ops::ChainOpOptions opts;  // -t, -U and --backing-root applied
+  ChainOpOptions opts;  // -t, -U and --backing-root applied
 };
 
 // Parses argv with getopt_long: `shortopts` lists the command's letters
@@ -47,7 +47,7 @@ std::string ChainUsage(std::string_view head, std::string_view exit_line);
 // the fraction `op` reports through the callback it is given, 100 when it
 // succeeds. Returns what `op` returns.
 absl::Status WithProgress(
-    bool enabled, ops::ChainOpOptions* opts,
+    bool enabled, ChainOpOptions* opts,
     const std::function<absl::Status()>& op);
 
 }  // namespace qcow2::tool

@@ -11,7 +11,6 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
-#include "lib/base/status_macros.h"
 
 namespace qcow2::tool {
 

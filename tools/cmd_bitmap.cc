@@ -17,16 +17,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "lib/driver/qcow2_layer.h"
-#include "qcow2/file.h"
-#include "qcow2/options.h"
+#include "qcow2/image.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 
 namespace qcow2::tool {
 namespace {
-
-using ::qcow2::internal::Qcow2Layer;
 
 constexpr int kExitFailure = 1;  // qemu-img bitmap's only failure status
 
@@ -90,29 +86,21 @@ int Fail(const std::string& message) {
   return kExitFailure;
 }
 
-// Opens `path` as a qcow2 layer, read-write or not, taking the image locks.
-absl::StatusOr<std::unique_ptr<Qcow2Layer>> OpenLayer(const std::string& path,
-                                                      bool read_write) {
-  FileOptions fo;
-  fo.read_only = !read_write;
-  absl::StatusOr<std::unique_ptr<File>> file =
-      DefaultFileOpener()->Open(path, fo);
-  if (!file.ok()) {
-    return absl::Status(file.status().code(),
-                        absl::StrCat("Could not open '", path,
-                                     "': ", file.status().message()));
-  }
+// Opens qcow2 image `path` alone (no backing file), read-write or not,
+// taking the image locks.
+absl::StatusOr<std::unique_ptr<Image>> OpenImage(const std::string& path,
+                                                 bool read_write) {
   OpenOptions oo;
   oo.read_write = read_write;
   oo.format = "qcow2";
-  absl::StatusOr<std::unique_ptr<Qcow2Layer>> layer =
-      Qcow2Layer::Open(std::move(file).value(), oo);
-  if (!layer.ok()) {
-    return absl::Status(layer.status().code(),
+  oo.open_backing = false;
+  absl::StatusOr<std::unique_ptr<Image>> image = Image::Open(path, oo);
+  if (!image.ok()) {
+    return absl::Status(image.status().code(),
                         absl::StrCat("Could not open '", path,
-                                     "': ", layer.status().message()));
+                                     "': ", image.status().message()));
   }
-  return layer;
+  return image;
 }
 
 // Parses the command line; returns -1 to go on, else the exit status.
@@ -219,58 +207,46 @@ int Parse(int argc, char** argv, Args* a) {
   return -1;
 }
 
+// Runs one action on bitmap `a.bitmap` of `image`; a merge takes its
+// source from `source` (null: `image` itself).
+absl::Status Apply(Image& image, const Args& a, const Action& act,
+                   const Image* source) {
+  switch (act.op) {
+    case Op::kAdd:
+      return image.AddBitmap(a.bitmap, a.granularity_set ? a.granularity : 0,
+                             /*enabled=*/true);
+    case Op::kRemove:
+      return image.RemoveBitmap(a.bitmap);
+    case Op::kClear:
+      return image.ClearBitmap(a.bitmap);
+    case Op::kEnable:
+      return image.EnableBitmap(a.bitmap);
+    case Op::kDisable:
+      return image.DisableBitmap(a.bitmap);
+    case Op::kMerge:
+      return image.MergeBitmap(a.bitmap, act.source, source);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int RunBitmap(int argc, char** argv) {
   Args a;
   if (int rc = Parse(argc, argv, &a); rc >= 0) return rc;
-  absl::StatusOr<std::unique_ptr<Qcow2Layer>> image =
-      OpenLayer(a.image, /*read_write=*/true);
+  absl::StatusOr<std::unique_ptr<Image>> image =
+      OpenImage(a.image, /*read_write=*/true);
   if (!image.ok()) return Fail(std::string(image.status().message()));
-  Qcow2Layer& layer = **image;
-  internal::DirtyBitmaps& bitmaps = layer.bitmaps();
   absl::Status result;
   for (const Action& act : a.actions) {
-    absl::Status s;
-    switch (act.op) {
-      case Op::kAdd: {
-        uint64_t g = a.granularity;
-        if (!a.granularity_set) {
-          g = std::max<uint64_t>(4096, layer.header().cluster_size());
-        }
-        s = bitmaps.Add(a.bitmap, g, /*enabled=*/true);
-        break;
-      }
-      case Op::kRemove:
-        s = bitmaps.Remove(a.bitmap);
-        break;
-      case Op::kClear:
-        s = bitmaps.Clear(a.bitmap);
-        break;
-      case Op::kEnable:
-        s = bitmaps.SetEnabled(a.bitmap, true);
-        break;
-      case Op::kDisable:
-        s = bitmaps.SetEnabled(a.bitmap, false);
-        break;
-      case Op::kMerge: {
-        absl::StatusOr<std::pair<std::vector<uint8_t>, uint32_t>> bits;
-        if (a.source_file.empty()) {
-          bits = bitmaps.Bits(act.source);
-        } else {
-          absl::StatusOr<std::unique_ptr<Qcow2Layer>> src =
-              OpenLayer(a.source_file, /*read_write=*/false);
-          if (!src.ok()) return Fail(std::string(src.status().message()));
-          absl::Status loaded = (*src)->bitmaps().LoadReadOnly();
-          bits = loaded.ok() ? (*src)->bitmaps().Bits(act.source)
-                             : absl::StatusOr<std::pair<std::vector<uint8_t>,
-                                                        uint32_t>>(loaded);
-        }
-        s = bits.ok() ? bitmaps.MergeInto(a.bitmap, bits->first, bits->second)
-                      : bits.status();
-        break;
-      }
+    std::unique_ptr<Image> source;
+    if (act.op == Op::kMerge && !a.source_file.empty()) {
+      absl::StatusOr<std::unique_ptr<Image>> src =
+          OpenImage(a.source_file, /*read_write=*/false);
+      if (!src.ok()) return Fail(std::string(src.status().message()));
+      source = std::move(src).value();
     }
+    absl::Status s = Apply(**image, a, act, source.get());
     if (!s.ok()) {
       result = absl::Status(
           s.code(), absl::StrCat("Operation ", OpName(act.op), " on bitmap ",
@@ -280,7 +256,7 @@ int RunBitmap(int argc, char** argv) {
   }
   // Stores what was changed, even after a failed operation (as qemu-img
   // does: the image is closed either way).
-  absl::Status closed = layer.Close();
+  absl::Status closed = (*image)->Close();
   if (!result.ok()) return Fail(std::string(result.message()));
   if (!closed.ok()) return Fail(std::string(closed.message()));
   return 0;

@@ -14,17 +14,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "lib/driver/check.h"
 #include "qcow2/file.h"
+#include "qcow2/maintenance.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 
 namespace qcow2::tool {
 namespace {
-
-using ::qcow2::internal::CheckImage;
-using ::qcow2::internal::CheckResult;
-using ::qcow2::internal::RepairMode;
 
 // qemu-img check's exit codes.
 constexpr int kExitClean = 0;
@@ -115,7 +111,7 @@ std::string JsonQuote(const std::string& s) {
 
 // qemu-img prints the ImageCheck members in its dictionary's hash order;
 // optional members only when non-zero.
-std::string JsonReport(const CheckResult& r, const std::string& filename) {
+std::string JsonReport(const CheckReport& r, const std::string& filename) {
   std::vector<std::pair<std::string, std::string>> members;
   auto opt = [&](const char* key, uint64_t v) {
     if (v != 0) members.emplace_back(key, absl::StrCat(v));
@@ -140,7 +136,7 @@ std::string JsonReport(const CheckResult& r, const std::string& filename) {
   return out + "}\n";
 }
 
-std::string HumanReport(const CheckResult& r) {
+std::string HumanReport(const CheckReport& r) {
   std::string out;
   if (r.corruptions == 0 && r.leaks == 0 && r.check_errors == 0) {
     out += "No errors were found on the image.\n";
@@ -176,7 +172,7 @@ std::string HumanReport(const CheckResult& r) {
   return out;
 }
 
-void PrintMessages(const CheckResult& r, size_t begin, size_t end) {
+void PrintMessages(const CheckReport& r, size_t begin, size_t end) {
   for (size_t i = begin; i < end && i < r.messages.size(); ++i) {
     std::fprintf(stderr, "%s\n", r.messages[i].c_str());
   }
@@ -277,7 +273,7 @@ int RunCheck(int argc, char** argv) {
                  std::string(file.status().message()).c_str());
     return kExitFailed;
   }
-  absl::StatusOr<CheckResult> result = CheckImage(file->get(), mode);
+  absl::StatusOr<CheckReport> result = CheckFile(file->get(), mode);
   if (!result.ok()) {
     if (format.empty() &&
         result.status().code() == absl::StatusCode::kInvalidArgument) {
@@ -291,7 +287,7 @@ int RunCheck(int argc, char** argv) {
                  std::string(result.status().message()).c_str());
     return kExitFailed;
   }
-  const CheckResult& r = *result;
+  const CheckReport& r = *result;
   const size_t first_end =
       r.rechecked ? r.recheck_first_message : r.messages.size();
   PrintMessages(r, 0, first_end);

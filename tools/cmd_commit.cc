@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // qcowtool commit: writes an image's data into its backing file, with
 // qemu-img commit's flags, messages and exit status (1 on any error). The
-// work is qcow2::ops::Commit (lib/ops/lifecycle.h).
+// work is qcow2::Commit (qcow2/maintenance.h).
 #include <cstdio>
 #include <string>
 
-#include "lib/ops/lifecycle.h"
+#include "qcow2/maintenance.h"
 #include "tools/chain_op_cli.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
@@ -39,7 +39,7 @@ int RunCommit(int argc, char** argv) {
   const std::string usage = ChainUsage(
       kUsage, "Exit status (qemu-img's): 0 committed, 1 on any error.\n");
   ChainArgs args;
-  ops::CommitSpec spec;
+  CommitSpec spec;
   auto extra = [&](int c, const char*) {
     if (c != 'd') return false;
     spec.keep_top = true;
@@ -53,7 +53,7 @@ int RunCommit(int argc, char** argv) {
   spec.format = args.format;
   spec.base = args.backing;
   absl::Status s = WithProgress(args.progress, &args.opts, [&] {
-    return ops::Commit(spec, args.opts).status();
+    return Commit(spec, args.opts).status();
   });
   if (!s.ok()) return ReportFailure(s.message());
   if (!args.quiet) std::printf("Image committed.\n");

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // qcowtool measure: the file size a new image needs, for a given virtual
 // size or to hold a copy of an existing image, printed exactly as
-// `qemu-img measure` prints it (tools/measure.h has the formulas).
+// `qemu-img measure` prints it (qcow2/maintenance.h has the formulas).
 #include <getopt.h>
 
 #include <cinttypes>
@@ -14,14 +14,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "lib/driver/bitmaps.h"
-#include "lib/driver/qcow2_layer.h"
 #include "qcow2/image.h"
+#include "qcow2/maintenance.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 #include "tools/create_options.h"
 #include "tools/json_writer.h"
-#include "tools/measure.h"
 #include "tools/status_above.h"
 
 namespace qcow2::tool {
@@ -164,8 +162,7 @@ int BuildTarget(const MeasureArgs& args, MeasureTarget* t) {
   }
   // Only the combinations qemu-img measure refuses (fewer than create's).
   const CreateOptions& o = req.opts;
-  t->version = o.compat == "0.10" || o.compat == "v2" ? 2 : 3;
-  if (t->version < 3 && o.refcount_bits != 16) {
+  if ((o.compat == "0.10" || o.compat == "v2") && o.refcount_bits != 16) {
     return ReportFailure(
         "Different refcount widths than 16 bits require compatibility "
         "level 1.1 or above (use compat=1.1 or greater)");
@@ -175,37 +172,9 @@ int BuildTarget(const MeasureArgs& args, MeasureTarget* t) {
         "Extended L2 entries are only supported with cluster sizes of at "
         "least 16384 bytes");
   }
-  t->cluster_size = o.cluster_size;
-  t->extended_l2 = o.extended_l2;
-  t->refcount_bits = o.refcount_bits;
-  t->preallocation = o.preallocation;
-  t->has_backing_file = !o.backing_file.empty();
+  *t = MeasureTargetFor(o);
   t->size = args.size ? *args.size : req.size.value_or(0);
   return -1;
-}
-
-// The persistent bitmaps of qcow2 image `path` (names and granularities).
-absl::StatusOr<std::vector<MeasureSource::Bitmap>> SourceBitmaps(
-    const std::string& path) {
-  FileOptions fo;
-  fo.read_only = true;
-  fo.lock = false;  // the image is open (and locked) already
-  auto file = DefaultFileOpener()->Open(path, fo);
-  if (!file.ok()) return file.status();
-  OpenOptions oo;
-  oo.format = "qcow2";
-  auto layer = internal::Qcow2Layer::Open(std::move(file).value(), oo);
-  if (!layer.ok()) return layer.status();
-  auto size = (*layer)->file()->Size();
-  if (!size.ok()) return size.status();
-  auto list =
-      internal::ListBitmaps((*layer)->file(), (*layer)->header(), *size);
-  if (!list.ok()) return list.status();
-  std::vector<MeasureSource::Bitmap> out;
-  for (const internal::BitmapInfo& b : *list) {
-    out.push_back({b.name.size(), b.granularity});
-  }
-  return out;
 }
 
 // Walks the source as QEMU does: ranges that read as zeros cost nothing,
@@ -244,14 +213,18 @@ absl::StatusOr<MeasureSource> ReadSource(const MeasureArgs& args,
   }
   const LayerInfo top = (*image)->GetChainInfo().front();
   if (top.format == ImageFormat::kQcow2 && top.version >= 3) {
-    auto bitmaps = SourceBitmaps(top.filename);
-    if (!bitmaps.ok()) return bitmaps.status();
-    src.bitmaps = std::move(bitmaps).value();
+    if (!top.bitmaps_error.empty()) {
+      return absl::DataLossError(top.bitmaps_error);
+    }
+    std::vector<MeasureSource::Bitmap>& bitmaps = src.bitmaps.emplace();
+    for (const BitmapInfo& b : top.bitmaps) {
+      bitmaps.push_back({b.name.size(), b.granularity});
+    }
   }
   return src;
 }
 
-void Print(OutputFormat output, const MeasureResult& r) {
+void Print(OutputFormat output, const MeasureReport& r) {
   if (output == OutputFormat::kHuman) {
     std::printf("required size: %" PRIu64 "\n", r.required);
     std::printf("fully allocated size: %" PRIu64 "\n", r.fully_allocated);
@@ -278,7 +251,7 @@ int RunMeasure(int argc, char** argv) {
     if (!s.ok()) return ReportFailure(s.status().message());
     source = std::move(s).value();
   }
-  absl::StatusOr<MeasureResult> r =
+  absl::StatusOr<MeasureReport> r =
       Measure(target, source ? &*source : nullptr);
   if (!r.ok()) return ReportFailure(r.status().message());
   Print(args.output, *r);

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // qcowtool rebase: changes an image's backing file, with qemu-img rebase's
 // flags, messages and exit status (1 on any error). The work is
-// qcow2::ops::Rebase (lib/ops/lifecycle.h).
+// qcow2::Rebase (qcow2/maintenance.h).
 #include <string>
 
-#include "lib/ops/lifecycle.h"
+#include "qcow2/maintenance.h"
 #include "tools/chain_op_cli.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
@@ -45,7 +45,7 @@ int RunRebase(int argc, char** argv) {
   const std::string usage =
       ChainUsage(kUsage, "Exit status (qemu-img's): 0 rebased, 1 on any error.\n");
   ChainArgs args;
-  ops::RebaseSpec spec;
+  RebaseSpec spec;
   std::string src_cache = "writeback", bad_format;
   auto extra = [&](int c, const char* arg) {
     if (c == 'u') {
@@ -81,7 +81,7 @@ int RunRebase(int argc, char** argv) {
   // No backing file: no format either (qemu-img ignores -F then).
   if (spec.backing.empty()) spec.backing_format.clear();
   absl::Status s = WithProgress(args.progress && !spec.unsafe, &args.opts,
-                                [&] { return ops::Rebase(spec, args.opts); });
+                                [&] { return Rebase(spec, args.opts); });
   return s.ok() ? kExitOk : ReportFailure(s.message());
 }
 

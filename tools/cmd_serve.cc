@@ -1,14 +1,23 @@
 // SPDX-License-Identifier: Apache-2.0
-// qcowtool serve: exports an image (and its backing chain) over NBD by
-// running nbdkit with libqcow2's plugin (nbd/qcow2_plugin.cc).
+// qcowtool serve: exports an image (and its backing chain) over NBD with
+// the project's own server (serve/nbd/: io_uring event loops on the public
+// API), or, with --nbdkit, by running nbdkit with libqcow2's plugin
+// (nbd/qcow2_plugin.cc).
 //
-// The image is opened once here with the same options, so a missing file,
+// Own server: the image is opened here, the sockets listen, and the server
+// runs until SIGTERM or SIGINT; then it stops accepting, finishes the
+// requests in flight, flushes and closes the image. With --fork the child
+// does all that and the parent returns once it listens (and wrote the pid
+// file, if asked).
+//
+// --nbdkit: the image is opened once here with the same options, so a missing file,
 // a malformed image or a lock held by another writer is reported the
 // qcowtool way (exit 2) before nbdkit starts; then qcowtool execs nbdkit,
 // whose process opens, serves and locks the image until it exits. With
 // --fork and --pid-file, nbdkit runs as a child instead, and qcowtool
 // returns once the pid file is written: nbdkit's first process exits as
 // soon as its daemon is forked, before the daemon writes the file.
+#include <fcntl.h>
 #include <getopt.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,10 +32,16 @@
 #include <thread>
 #include <vector>
 
+#include <algorithm>
+#include <atomic>
+#include <csignal>
+#include <memory>
+
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "qcow2/image.h"
+#include "serve/nbd/server.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 
@@ -34,23 +49,28 @@ namespace qcow2::tool {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: qcowtool serve [--socket PATH | --port N] [-f FMT] [-r] [-U]\n"
-    "                      [--export-name NAME] [--shared N] [--threads N]\n"
-    "                      [--fork] [--pid-file FILE] [--sync|--queue]\n"
-    "                      [--direct] [--backing-root DIR] [-v] IMAGE\n"
+    "usage: qcowtool serve [--socket PATH | [--bind ADDR] --port N] [-f FMT]\n"
+    "                      [-r] [-U] [--export-name NAME] [--shared N]\n"
+    "                      [--threads N] [--fork] [--pid-file FILE]\n"
+    "                      [--direct] [--backing-root DIR] [-v]\n"
+    "                      [--tls-creds DIR] [--tls-psk FILE] [--tls=MODE]\n"
+    "                      [--nbdkit [--sync|--queue]] IMAGE\n"
     "\n"
-    "Exports IMAGE and its backing chain over NBD: runs nbdkit with the\n"
-    "libqcow2 plugin. Clients: qemu-img and qemu-io with\n"
-    "'nbd+unix:///?socket=PATH' (or nbd://HOST:PORT), nbdinfo, nbdcopy,\n"
-    "fio --ioengine=nbd, nbdfuse, a VMM (docs/serving.md). Every connection\n"
-    "shares one open image, so multi-conn is offered; writes are durable\n"
-    "after an NBD flush or a FUA write. Runs in the foreground until killed\n"
-    "(SIGINT or SIGTERM close the image cleanly) unless --fork is given.\n"
+    "Exports IMAGE and its backing chain over NBD. Clients: qemu-img and\n"
+    "qemu-io with 'nbd+unix:///?socket=PATH' (or nbd://HOST:PORT), nbdinfo,\n"
+    "nbdcopy, nbdsh, fio --ioengine=nbd, nbdfuse, a VMM (docs/serving.md).\n"
+    "Every connection shares one open image, so multi-conn is offered;\n"
+    "writes are durable after an NBD flush or a FUA write. Meta contexts:\n"
+    "base:allocation and qemu:allocation-depth. Runs in the foreground\n"
+    "until SIGINT or SIGTERM (which stop accepting, finish the requests in\n"
+    "flight, flush and close the image cleanly) unless --fork is given.\n"
     "The image stays locked against other writers while it is served.\n"
     "\n"
     "  --socket PATH   listen on a Unix domain socket\n"
     "  --port N        listen on TCP port N (default: 10809 when no\n"
     "                  --socket is given)\n"
+    "  --bind ADDR     the TCP address to listen on (numeric IPv4 or IPv6;\n"
+    "                  default: 127.0.0.1 only, said on stderr)\n"
     "  -f FMT          format of IMAGE: qcow2 or raw (default: probe)\n"
     "  -r, --read-only export read-only (the image is opened read-only)\n"
     "  --export-name NAME\n"
@@ -58,21 +78,31 @@ constexpr char kUsage[] =
     "                  refused (default: any name is accepted)\n"
     "  --shared N      at most N clients connected at once (default: no\n"
     "                  limit; qemu-nbd's default is 1)\n"
-    "  --threads N     nbdkit worker threads per connection (default: 16)\n"
+    "  --threads N     event loops (default: one per CPU, at most 8); with\n"
+    "                  --nbdkit, nbdkit's worker threads (default: 16)\n"
     "  --fork          go to the background once the socket listens\n"
     "  --pid-file FILE write the server's process id to FILE\n"
-    "  --sync          synchronous library calls in nbdkit's worker threads\n"
-    "                  (the default without --direct)\n"
-    "  --queue         one io_uring queue per worker thread (the default\n"
-    "                  with --direct)\n"
     "  --direct        O_DIRECT for every file of the chain (bypass the\n"
     "                  host page cache, like qemu-nbd --cache=none)\n"
-    "  -v, --verbose   print nbdkit's debug messages\n";
+    "  -v, --verbose   log connections (with --nbdkit: nbdkit's debug\n"
+    "                  messages)\n"
+    "  --tls-creds DIR x509 credentials: DIR/ca-cert.pem, server-cert.pem,\n"
+    "                  server-key.pem (as QEMU's tls-creds-x509)\n"
+    "  --tls-psk FILE  pre-shared keys, psktool's format (as QEMU's\n"
+    "                  tls-creds-psk keys.psk)\n"
+    "  --tls=MODE      off, on (STARTTLS offered) or require (clients\n"
+    "                  without TLS refused); default: require with\n"
+    "                  credentials, else off\n"
+    "  --nbdkit        serve through nbdkit and the libqcow2 plugin instead\n"
+    "  --sync          (--nbdkit) synchronous library calls in nbdkit's\n"
+    "                  worker threads (the default without --direct)\n"
+    "  --queue         (--nbdkit) one io_uring queue per worker thread (the\n"
+    "                  default with --direct)\n";
 
 constexpr char kHelpTail[] =
     "  -h, --help      show this help\n"
     "\n"
-    "Environment: QCOWTOOL_NBDKIT names the nbdkit binary (default: nbdkit\n"
+    "Environment (--nbdkit): QCOWTOOL_NBDKIT names the nbdkit binary (default: nbdkit\n"
     "on PATH); QCOWTOOL_NBDKIT_PLUGIN the plugin (default: the\n"
     "nbdkit-libqcow2-plugin.so next to qcowtool, else the installed one).\n"
     "\n";
@@ -85,6 +115,11 @@ std::string Usage() {
 struct ServeArgs {
   std::string socket;
   std::string port;
+  std::string bind;
+  bool nbdkit = false;
+  std::string tls_creds;
+  std::string tls_psk;
+  std::string tls;  // off, on, require; empty: from the credentials
   std::string format;
   bool read_only = false;
   bool force_share = false;
@@ -111,11 +146,16 @@ bool ParseCount(const char* text, int min, int max) {
 int ParseArgs(int argc, char** argv, ServeArgs* args) {
   enum {
     kSocket = 256, kPort, kExportName, kShared, kThreads, kFork, kPidFile,
-    kSync, kQueue, kDirect
+    kSync, kQueue, kDirect, kBind, kNbdkit, kTlsCreds, kTlsPsk, kTls
   };
   static const option kOptions[] = {
       {"socket", required_argument, nullptr, kSocket},
       {"port", required_argument, nullptr, kPort},
+      {"bind", required_argument, nullptr, kBind},
+      {"nbdkit", no_argument, nullptr, kNbdkit},
+      {"tls-creds", required_argument, nullptr, kTlsCreds},
+      {"tls-psk", required_argument, nullptr, kTlsPsk},
+      {"tls", required_argument, nullptr, kTls},
       {"format", required_argument, nullptr, 'f'},
       {"read-only", no_argument, nullptr, 'r'},
       {"export-name", required_argument, nullptr, kExportName},
@@ -147,6 +187,27 @@ int ParseArgs(int argc, char** argv, ServeArgs* args) {
                                                   "': expected 1 to 65535"));
         }
         args->port = optarg;
+        break;
+      case kBind:
+        args->bind = optarg;
+        break;
+      case kNbdkit:
+        args->nbdkit = true;
+        break;
+      case kTlsCreds:
+        args->tls_creds = optarg;
+        break;
+      case kTlsPsk:
+        args->tls_psk = optarg;
+        break;
+      case kTls:
+        if (std::string(optarg) != "off" && std::string(optarg) != "on" &&
+            std::string(optarg) != "require") {
+          return UsageError(Usage(), absl::StrCat("--tls='", optarg,
+                                                  "': expected off, on or "
+                                                  "require"));
+        }
+        args->tls = optarg;
         break;
       case 'f':
         if (auto s = CheckImageFormat(optarg); !s.ok()) {
@@ -210,6 +271,26 @@ int ParseArgs(int argc, char** argv, ServeArgs* args) {
   if (!args->socket.empty() && !args->port.empty()) {
     return UsageError(Usage(), "--socket and --port exclude each other");
   }
+  if (!args->bind.empty() && !args->socket.empty()) {
+    return UsageError(Usage(), "--bind is for TCP; it excludes --socket");
+  }
+  if (!args->nbdkit && (args->sync || args->queue)) {
+    return UsageError(Usage(), "--sync and --queue choose how nbdkit's "
+                               "threads call the library: they need --nbdkit");
+  }
+  const bool creds = !args->tls_creds.empty() || !args->tls_psk.empty();
+  if (args->nbdkit && (!args->bind.empty() || creds || !args->tls.empty())) {
+    return UsageError(Usage(),
+                      "--bind and TLS are not available with --nbdkit");
+  }
+  if (args->tls.empty()) args->tls = creds ? "require" : "off";
+  if (args->tls != "off" && !creds) {
+    return UsageError(Usage(), "--tls=" + args->tls +
+                                   " needs --tls-creds or --tls-psk");
+  }
+  if (args->tls == "off" && creds) {
+    return UsageError(Usage(), "TLS credentials given with --tls=off");
+  }
   if (args->sync && args->queue) {
     return UsageError(Usage(), "--sync and --queue exclude each other");
   }
@@ -270,15 +351,20 @@ std::vector<std::string> NbdkitArgv(const ServeArgs& a) {
   return argv;
 }
 
-// Opens (and closes) the image as the plugin will, for an early error.
-absl::Status CheckOpens(const ServeArgs& a) {
+// The image as both servers open it.
+OpenOptions ServeOpenOptions(const ServeArgs& a) {
   OpenOptions opts;
   opts.read_write = !a.read_only;
   opts.format = a.format;
   opts.direct_io = a.direct;
   opts.force_share = a.force_share;
   opts.backing_root = a.backing_root;
-  auto image = Image::Open(a.image, opts);
+  return opts;
+}
+
+// Opens (and closes) the image as the plugin will, for an early error.
+absl::Status CheckOpens(const ServeArgs& a) {
+  auto image = Image::Open(a.image, ServeOpenOptions(a));
   if (!image.ok()) return image.status();
   return (*image)->Close();
 }
@@ -334,11 +420,166 @@ int ForkAndWaitForPidFile(const ServeArgs& a, char** argv) {
   return kExitOk;
 }
 
+
+// --- the project's own server (serve/nbd/) ----------------------------------
+
+std::atomic<nbd::Server*> g_server{nullptr};
+
+void OnStopSignal(int) {
+  if (nbd::Server* server = g_server.load()) server->Stop();
+}
+
+nbd::ExportConfig ExportFor(const ServeArgs& a, Image& image) {
+  nbd::ExportConfig cfg;
+  cfg.name = a.export_name;
+  cfg.size = image.size();
+  cfg.read_only = a.read_only;
+  // The preferred block size stays 4 KiB, as qemu-nbd's: smaller writes
+  // cost a read-modify-write in the host, larger ones nothing more here.
+  const LayerInfo top = image.GetChainInfo().front();
+  if (top.format == ImageFormat::kQcow2) {
+    // Version 3 clusters (subclusters with extended L2) carry a zero
+    // flag: zeroing whole ones only changes metadata.
+    cfg.fast_zero = top.version >= 3;
+    cfg.zero_align = std::max<uint32_t>(
+        top.extended_l2 ? top.cluster_size / 32 : top.cluster_size, 512);
+  }
+  return cfg;
+}
+
+// The listening socket: the Unix socket, or TCP on --bind (default:
+// localhost only, said on stderr).
+absl::StatusOr<int> Listen(const ServeArgs& a) {
+  if (!a.socket.empty()) return nbd::ListenUnix(a.socket);
+  const int port = a.port.empty() ? 10809 : std::atoi(a.port.c_str());
+  std::string addr = a.bind;
+  if (addr.empty()) {
+    addr = "127.0.0.1";
+    std::fprintf(stderr,
+                 "qcowtool serve: listening on 127.0.0.1 port %d only "
+                 "(--bind ADDR for another address)\n", port);
+  }
+  return nbd::ListenTcp(addr, port);
+}
+
+absl::Status WritePidFile(const std::string& path) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << ::getpid() << "\n";
+    if (!out.flush()) {
+      return absl::ErrnoToStatus(errno, "writing the pid file " + path);
+    }
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::ErrnoToStatus(errno, "writing the pid file " + path);
+  }
+  return absl::OkStatus();
+}
+
+// Opens, listens and serves until a stop signal; then flushes and closes
+// the image. `ready` (a pipe's write end, or -1) gets one byte once the
+// socket listens.
+absl::Status ServeOwn(const ServeArgs& a, int ready) {
+  auto image = Image::Open(a.image, ServeOpenOptions(a));
+  if (!image.ok()) return image.status();
+  auto fd = Listen(a);
+  if (!fd.ok()) return fd.status();
+  nbd::ServerOptions opts;
+  opts.export_config = ExportFor(a, **image);
+  opts.listen_fds = {*fd};
+  if (!a.threads.empty()) opts.loops = std::atoi(a.threads.c_str());
+  if (!a.shared.empty()) opts.max_connections = std::atoi(a.shared.c_str());
+  opts.verbose = a.verbose;
+  if (a.tls != "off") {
+    auto tls = nbd::Tls::Load(a.tls_creds, a.tls_psk);
+    if (!tls.ok()) return tls.status();
+    opts.tls = *tls;
+    opts.export_config.tls =
+        a.tls == "on" ? nbd::TlsMode::kOn : nbd::TlsMode::kRequire;
+  }
+  auto server = nbd::Server::Create(image->get(), std::move(opts));
+  if (!server.ok()) return server.status();
+  if (a.verbose) {
+    std::fprintf(stderr,
+                 "qcowtool serve: %s, %d event loop(s) with an io_uring "
+                 "queue each, %s\n", a.image.c_str(),
+                 (*server)->options().loops,
+                 a.direct ? "O_DIRECT" : "through the page cache");
+  }
+  if (!a.pid_file.empty()) {
+    if (absl::Status s = WritePidFile(a.pid_file); !s.ok()) return s;
+  }
+  g_server.store(server->get());
+  struct sigaction sa {};
+  sa.sa_handler = OnStopSignal;
+  ::sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+  if (ready >= 0) {
+    // A daemon keeps no terminal or pipe of its parent open (whoever ran
+    // `serve --fork` would wait for their end), as nbdkit's daemon.
+    const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null >= 0) {
+      for (int fd = 0; fd < 3; ++fd) ::dup2(null, fd);
+      ::close(null);
+    }
+    const char byte = 0;
+    [[maybe_unused]] ssize_t n = ::write(ready, &byte, 1);
+    ::close(ready);
+  }
+  absl::Status run = (*server)->Run();
+  g_server.store(nullptr);
+  server->reset();  // its queues go before the image closes
+  ::close(*fd);
+  if (!a.socket.empty()) ::unlink(a.socket.c_str());
+  absl::Status close = (*image)->Close();
+  if (!run.ok()) return run;
+  return close;
+}
+
+// --fork: the child serves; the parent returns once it listens, or with
+// its error.
+int ForkOwn(const ServeArgs& a) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) {
+    return ReportError(absl::ErrnoToStatus(errno, "pipe"));
+  }
+  const pid_t child = ::fork();
+  if (child < 0) return ReportError(absl::ErrnoToStatus(errno, "fork"));
+  if (child == 0) {
+    ::close(fds[0]);
+    ::setsid();
+    absl::Status s = ServeOwn(a, fds[1]);
+    ::_exit(s.ok() ? kExitOk : ReportError(s));
+  }
+  ::close(fds[1]);
+  char byte;
+  ssize_t n;
+  while ((n = ::read(fds[0], &byte, 1)) < 0 && errno == EINTR) {
+  }
+  ::close(fds[0]);
+  if (n == 1) return kExitOk;
+  int status = 0;  // the child failed and said why on stderr
+  ::waitpid(child, &status, 0);
+  return WIFEXITED(status) && WEXITSTATUS(status) != 0 ? WEXITSTATUS(status)
+                                                        : kExitImageError;
+}
+
 }  // namespace
 
 int RunServe(int argc, char** argv) {
+  if (IsVhostUserBlkServe(argc, argv)) {
+    return RunServeVhostUserBlk(argc, argv);  // tools/cmd_serve_vhost.cc
+  }
   ServeArgs args;
   if (int rc = ParseArgs(argc, argv, &args); rc >= 0) return rc;
+  if (!args.nbdkit) {
+    if (args.fork) return ForkOwn(args);
+    absl::Status s = ServeOwn(args, -1);
+    return s.ok() ? kExitOk : ReportError(s);
+  }
   if (absl::Status s = CheckOpens(args); !s.ok()) return ReportError(s);
   std::vector<std::string> nbdkit = NbdkitArgv(args);
   std::vector<char*> cargv;

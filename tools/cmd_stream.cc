@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // qcowtool stream (qcowtool's own verb, no qemu-img equivalent): QEMU's
-// block-stream job done offline. The work is qcow2::ops::StreamChain
-// (lib/ops/lifecycle.h).
+// block-stream job done offline. The work is qcow2::StreamChain
+// (qcow2/maintenance.h).
 #include <string>
 
-#include "lib/ops/lifecycle.h"
+#include "qcow2/maintenance.h"
 #include "tools/chain_op_cli.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
@@ -43,12 +43,12 @@ int RunStream(int argc, char** argv) {
       rc >= 0) {
     return rc;
   }
-  ops::StreamSpec spec;
+  StreamSpec spec;
   spec.image = args.image;
   spec.format = args.format;
   spec.base = args.backing;
   absl::Status s = WithProgress(args.progress, &args.opts, [&] {
-    return ops::StreamChain(spec, args.opts);
+    return StreamChain(spec, args.opts);
   });
   return s.ok() ? kExitOk : ReportFailure(s.message());
 }

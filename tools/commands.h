@@ -21,6 +21,10 @@ int RunIo(int argc, char** argv);
 int RunCheck(int argc, char** argv);
 int RunBench(int argc, char** argv);
 int RunServe(int argc, char** argv);
+// `serve --vhost-user-blk` (tools/cmd_serve_vhost.cc), dispatched from
+// RunServe when IsVhostUserBlkServe() finds the option.
+bool IsVhostUserBlkServe(int argc, char** argv);
+int RunServeVhostUserBlk(int argc, char** argv);
 int RunBitmap(int argc, char** argv);
 int RunCompare(int argc, char** argv);
 int RunResize(int argc, char** argv);
@@ -29,6 +33,7 @@ int RunRebase(int argc, char** argv);
 int RunCommit(int argc, char** argv);
 int RunStream(int argc, char** argv);
 int RunAmend(int argc, char** argv);
+int RunDd(int argc, char** argv);
 
 }  // namespace qcow2::tool
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "lib/format/compress.h"
+#include "qcow2/maintenance.h"
 
 namespace qcow2::tool {
 namespace {
@@ -382,13 +382,13 @@ class Copier : CopyJob {
     // made only for likely misses, so that most clusters are compressed
     // once.
     if (cs > kProbeBytes) {
-      absl::StatusOr<size_t> n = internal::CompressCluster(
+      absl::StatusOr<size_t> n = CompressCluster(
           opts_.compression_type, absl::MakeConstSpan(buf.data(), kProbeBytes),
           absl::MakeSpan(stream->data(), kProbeBytes * 7 / 8));
       if (!n.ok()) return n.status();
       if (*n != 0) return absl::OkStatus();
     }
-    absl::StatusOr<size_t> n = internal::CompressCluster(
+    absl::StatusOr<size_t> n = CompressCluster(
         opts_.compression_type, absl::MakeConstSpan(buf.data(), cs),
         absl::MakeSpan(*stream));
     if (!n.ok()) return n.status();
@@ -466,8 +466,9 @@ class Copier : CopyJob {
   // lock one at a time, and on a machine with fewer CPUs than workers the
   // waiters spun for an owner that was not running: a plain -W -m 16 copy
   // spent a quarter of its time in rwsem_spin_on_owner and osq_lock, and
-  // took 2-3x the time of -m 2 (docs/benchmarks.md, convert). With -c the
-  // workers compress inside their writes, all at once as before.
+  // took 2-3x the time of -m 2 (bench/results/2026-12-05-convert.md).
+  // With -c the workers compress inside their writes, all at once as
+  // before.
   std::counting_semaphore<kMaxWorkers> write_slots_{WriteSlots(opts_.workers)};
   std::atomic<size_t> next_{0};
   std::vector<Buffer> buffers_;

@@ -6,7 +6,8 @@
 // (qcow2_detect_metadata_preallocation()).
 //
 // libqcow2's BlockStatus describes the format layer only, so `map` uses
-// these to report what qemu-img reports. Read-only; not thread-safe.
+// these to report what qemu-img reports (the heuristic itself is the
+// library's, qcow2/maintenance.h). Read-only; not thread-safe.
 #ifndef QCOW2_TOOLS_HOST_PROBE_H_
 #define QCOW2_TOOLS_HOST_PROBE_H_
 
@@ -39,9 +40,6 @@ class HostFile {
   uint64_t size() const { return size_; }
   uint64_t allocated() const { return allocated_; }  // st_blocks * 512
   const std::string& path() const { return path_; }
-
-  // Reads exactly buf_len bytes at `offset` (zeros past EOF).
-  absl::Status ReadAt(uint64_t offset, uint8_t* buf, size_t buf_len) const;
 
  private:
   HostFile(int fd, std::string path, uint64_t size, uint64_t allocated)

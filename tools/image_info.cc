@@ -9,8 +9,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "lib/driver/bitmaps.h"
-#include "lib/driver/qcow2_layer.h"
 #include "tools/cli_util.h"
 
 namespace qcow2::tool {
@@ -21,36 +19,19 @@ const char* FormatName(ImageFormat f) {
   return f == ImageFormat::kQcow2 ? "qcow2" : "raw";
 }
 
-// The persistent bitmaps of qcow2 image `path` as QEMU lists them
+// The persistent bitmaps of a qcow2 layer as QEMU lists them
 // (Qcow2BitmapInfo: name, granularity, flags "in-use" then "auto"), or
 // nullopt when it has none. A bitmap directory that cannot be read is
 // reported on stderr and left out (qemu-img refuses to open such images).
-std::optional<Json> BitmapsJson(const std::string& path) {
-  FileOptions fo;
-  fo.read_only = true;
-  fo.lock = false;  // the image is open (and locked) already
-  absl::StatusOr<std::unique_ptr<File>> file =
-      DefaultFileOpener()->Open(path, fo);
-  if (!file.ok()) return std::nullopt;
-  OpenOptions oo;
-  oo.read_write = false;
-  oo.format = "qcow2";
-  auto layer = internal::Qcow2Layer::Open(std::move(file).value(), oo);
-  if (!layer.ok()) return std::nullopt;
-  absl::StatusOr<uint64_t> size = (*layer)->file()->Size();
-  absl::StatusOr<std::vector<internal::BitmapInfo>> list =
-      size.ok() ? internal::ListBitmaps((*layer)->file(), (*layer)->header(),
-                                        *size)
-                : absl::StatusOr<std::vector<internal::BitmapInfo>>(
-                      size.status());
-  if (!list.ok()) {
+std::optional<Json> BitmapsJson(const LayerInfo& info) {
+  if (!info.bitmaps_error.empty()) {
     std::fprintf(stderr, "qcowtool: warning: %s\n",
-                 std::string(list.status().message()).c_str());
+                 info.bitmaps_error.c_str());
     return std::nullopt;
   }
-  if (list->empty()) return std::nullopt;
+  if (info.bitmaps.empty()) return std::nullopt;
   Json out = Json::Array();
-  for (const internal::BitmapInfo& b : *list) {
+  for (const BitmapInfo& b : info.bitmaps) {
     Json flags = Json::Array();
     if (b.in_use) flags.Append(Json::String("in-use"));
     if (b.enabled) flags.Append(Json::String("auto"));
@@ -79,7 +60,7 @@ Json Qcow2SpecificData(const LayerInfo& info) {
       Json::String(info.compression_type == CompressionType::kZstd ? "zstd"
                                                                    : "zlib"));
   if (v3) data.Set("extended-l2", Json::Bool(info.extended_l2));
-  if (std::optional<Json> bitmaps = BitmapsJson(info.filename)) {
+  if (std::optional<Json> bitmaps = BitmapsJson(info)) {
     data.Set("bitmaps", std::move(*bitmaps));
   }
   return data;

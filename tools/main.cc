@@ -8,6 +8,8 @@
 #include <string>
 #include <string_view>
 
+#include "qcow2/c.h"
+#include "qcow2/version.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 
@@ -41,12 +43,14 @@ constexpr Command kCommands[] = {
     {"stream", RunStream,
      "pull the chain's data into an image, keeping a base (qcowtool only)"},
     {"amend", RunAmend, "change format options of an image (compat, refcounts)"},
+    {"dd", RunDd, "copy part of an image into a new one (like dd(1))"},
 };
 
 std::string Usage() {
   std::string u =
       "usage: qcowtool COMMAND [options] ARGS...\n"
       "       qcowtool help [COMMAND]\n"
+      "       qcowtool -V|--version\n"
       "\n"
       "Commands:\n";
   for (const Command& c : kCommands) {
@@ -66,6 +70,14 @@ const Command* Find(std::string_view name) {
   return nullptr;
 }
 
+// The tool's version and the library's it runs with (the shared library
+// may be newer than the headers qcowtool was built with).
+int PrintVersion() {
+  std::printf("qcowtool version %s (libqcow2 %s)\n", QCOW2_VERSION_STRING,
+              qcow2_version_string());
+  return kExitOk;
+}
+
 bool IsHelp(std::string_view arg) {
   return arg == "--help" || arg == "-h" || arg == "help";
 }
@@ -73,6 +85,7 @@ bool IsHelp(std::string_view arg) {
 int Main(int argc, char** argv) {
   if (argc < 2) return UsageError(Usage(), "no command given");
   std::string_view cmd = argv[1];
+  if (cmd == "--version" || cmd == "-V") return PrintVersion();
   if (IsHelp(cmd)) {
     if (argc == 2) return PrintHelp(Usage());
     const Command* c = Find(argv[2]);

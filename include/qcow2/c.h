@@ -324,6 +324,185 @@ QCOW2_EXPORT int qcow2_image_live_commit(qcow2_image_t* img, int base,
                                          const qcow2_live_options_t* opts,
                                          char** errptr);
 
+/* ---- persistent dirty bitmaps (Image::ListBitmaps ...) ---------------- */
+
+/* The bitmaps of the top image (qcow2). On an image open read-write every
+ * enabled bitmap records each write as it is made, and the bitmaps are
+ * written back by qcow2_image_close. Listing and status are safe beside
+ * requests in flight on queues; the edits need a writable image (-EPERM
+ * otherwise). */
+typedef struct qcow2_bitmap_info_t {
+  size_t size;           /* in: sizeof(qcow2_bitmap_info_t) */
+  char* name;            /* malloc'd: free with qcow2_free */
+  uint64_t granularity;  /* bytes per bit */
+  uint8_t enabled;       /* the auto flag: writes set its bits */
+  uint8_t in_use;        /* inconsistent (found in use): only removable */
+} qcow2_bitmap_info_t;
+
+/* The number of bitmaps (0 for a raw image), or a negative errno. */
+QCOW2_EXPORT int qcow2_image_bitmap_count(qcow2_image_t* img, char** errptr);
+/* Bitmap number `index` (0 .. count-1, directory order); -ENOENT past the
+ * last. Set out->size first. */
+QCOW2_EXPORT int qcow2_image_bitmap_info(qcow2_image_t* img, int index,
+                                         qcow2_bitmap_info_t* out,
+                                         char** errptr);
+
+typedef struct qcow2_bitmap_status_t {
+  size_t size;      /* in: sizeof(qcow2_bitmap_status_t) */
+  uint64_t offset;  /* guest offset of the range */
+  uint64_t length;  /* bytes with this state */
+  uint8_t dirty;    /* written since the bitmap was cleared */
+} qcow2_bitmap_status_t;
+
+/* The dirty state of bitmap `name` at `offset`, as long as it stays
+ * uniform, at most `max_len` bytes (clipped to the disk). -ENOENT naming
+ * the bitmap if it does not exist; -EPERM for one in use. */
+QCOW2_EXPORT int qcow2_image_bitmap_status(qcow2_image_t* img,
+                                           const char* name, uint64_t offset,
+                                           uint64_t max_len,
+                                           qcow2_bitmap_status_t* out,
+                                           char** errptr);
+/* Creates bitmap `name` (granularity 0: the cluster size, at least 4 KiB),
+ * recording writes when `enabled` is non-zero. -EEXIST if it exists. */
+QCOW2_EXPORT int qcow2_image_bitmap_add(qcow2_image_t* img, const char* name,
+                                        uint64_t granularity, int enabled,
+                                        char** errptr);
+QCOW2_EXPORT int qcow2_image_bitmap_remove(qcow2_image_t* img,
+                                           const char* name, char** errptr);
+QCOW2_EXPORT int qcow2_image_bitmap_clear(qcow2_image_t* img, const char* name,
+                                          char** errptr);
+QCOW2_EXPORT int qcow2_image_bitmap_enable(qcow2_image_t* img,
+                                           const char* name, char** errptr);
+QCOW2_EXPORT int qcow2_image_bitmap_disable(qcow2_image_t* img,
+                                            const char* name, char** errptr);
+/* Marks dirty in bitmap `target` every granule bitmap `source` of
+ * `source_img` (NULL: `img` itself) has dirty (qemu-img bitmap --merge). */
+QCOW2_EXPORT int qcow2_image_bitmap_merge(qcow2_image_t* img,
+                                          const char* target,
+                                          const char* source,
+                                          qcow2_image_t* source_img,
+                                          char** errptr);
+
+/* ---- internal snapshots (Image::ListSnapshots ...) --------------------- */
+
+typedef struct qcow2_snapshot_info_t {
+  size_t size;             /* in: sizeof(qcow2_snapshot_info_t) */
+  char* id;                /* malloc'd: free with qcow2_free */
+  char* name;              /* malloc'd: free with qcow2_free */
+  uint64_t vm_state_size;  /* bytes of VM state (0: disk only) */
+  uint32_t date_sec;
+  uint32_t date_nsec;
+  uint64_t vm_clock_nsec;
+  uint64_t disk_size;      /* virtual size of the disk it holds */
+  uint8_t has_icount;
+  uint64_t icount;
+} qcow2_snapshot_info_t;
+
+/* The number of internal snapshots of the top image, or a negative errno
+ * (-ENOTSUP for a raw image). */
+QCOW2_EXPORT int qcow2_image_snapshot_count(qcow2_image_t* img,
+                                            char** errptr);
+/* Snapshot number `index` in table order; -ENOENT past the last. */
+QCOW2_EXPORT int qcow2_image_snapshot_info(qcow2_image_t* img, int index,
+                                           qcow2_snapshot_info_t* out,
+                                           char** errptr);
+/* Create (id NULL or "": the next numeric id), apply (revert the disk to
+ * it) and delete, by id or else by name. They need a writable image with
+ * no queue open (-EPERM otherwise); -ENOENT when none matches. */
+QCOW2_EXPORT int qcow2_image_snapshot_create(qcow2_image_t* img,
+                                             const char* name, const char* id,
+                                             char** errptr);
+QCOW2_EXPORT int qcow2_image_snapshot_apply(qcow2_image_t* img,
+                                            const char* name_or_id,
+                                            char** errptr);
+QCOW2_EXPORT int qcow2_image_snapshot_delete(qcow2_image_t* img,
+                                             const char* name_or_id,
+                                             char** errptr);
+
+/* ---- offline maintenance (qcow2/maintenance.h) ------------------------- */
+
+/* qemu-img check's report. `verdict` is qemu-img check's exit status:
+ * 0 clean, 1 the check failed (check_errors, or it stopped early),
+ * 2 corruptions, 3 leaked clusters only. */
+typedef struct qcow2_check_report_t {
+  size_t size; /* in: sizeof(qcow2_check_report_t) */
+  uint64_t corruptions;
+  uint64_t leaks;
+  uint64_t check_errors;
+  uint64_t corruptions_fixed;
+  uint64_t leaks_fixed;
+  uint64_t image_end_offset;
+  uint64_t total_clusters;
+  uint64_t allocated_clusters;
+  uint64_t fragmented_clusters;
+  uint64_t compressed_clusters;
+  int32_t verdict;
+  uint8_t rechecked;  /* repaired, then checked again (these counters) */
+} qcow2_check_report_t;
+
+#define QCOW2_REPAIR_NONE 0
+#define QCOW2_REPAIR_LEAKS 1
+#define QCOW2_REPAIR_ALL 2
+
+/* Checks the qcow2 image at `path` (opened read-write for a repair) and
+ * fills `out`. When `messages` is not NULL, *messages receives the lines
+ * qemu-img prints to stderr, each ending in '\n' (malloc'd; free with
+ * qcow2_free). Problems found are in the report, not an error: the call
+ * fails only when the image cannot be checked at all (-ENOENT, -EINVAL
+ * not qcow2, -EIO malformed header, -ENOTSUP, -EBUSY locked). */
+QCOW2_EXPORT int qcow2_check(const char* path, int repair,
+                             qcow2_check_report_t* out, char** messages,
+                             char** errptr);
+
+/* qemu-img measure: the bytes a new image needs. */
+typedef struct qcow2_measure_t {
+  size_t size; /* in: sizeof(qcow2_measure_t) */
+  uint64_t required;
+  uint64_t fully_allocated;
+  uint8_t has_bitmaps;  /* both sides carry persistent bitmaps */
+  uint64_t bitmaps;     /* bytes of their metadata and data */
+} qcow2_measure_t;
+
+/* The new image is described by `options` (qcow2_image_create's -o string:
+ * format, cluster_size, compat, preallocation ...) and `size`; with a
+ * `source` image, its size and data instead of `size`. */
+QCOW2_EXPORT int qcow2_measure(const char* options, uint64_t size,
+                               qcow2_image_t* source, qcow2_measure_t* out,
+                               char** errptr);
+
+/* Progress of an offline chain operation: the fraction done (0..1). */
+typedef void (*qcow2_progress_fn)(void* user_data, double fraction);
+
+typedef struct qcow2_chain_op_options_t {
+  size_t size;               /* in: sizeof(qcow2_chain_op_options_t) */
+  const char* open_options;  /* qcow2_image_open_opts's string, or NULL */
+  int depth;                 /* chunks in flight; 0: 16 */
+  uint64_t chunk;            /* bytes per chunk (512 multiple); 0: 1 MiB */
+  qcow2_progress_fn progress;  /* may be NULL */
+  void* progress_data;
+  qcow2_live_control_t* control;  /* cancel: -ECANCELED; may be NULL */
+} qcow2_chain_op_options_t;
+
+/* qemu-img commit of the image at `path` into `base` (NULL: its backing
+ * file; a named base keeps the top as it is, as qemu-img -b does); with
+ * `keep_top` zero the top is emptied afterwards (*emptied, if not NULL,
+ * says whether it was). `opts` may be NULL. */
+QCOW2_EXPORT int qcow2_commit(const char* path, const char* base,
+                              int keep_top,
+                              const qcow2_chain_op_options_t* opts,
+                              int* emptied, char** errptr);
+/* qemu-img rebase: `backing` NULL or "" for none; `unsafe` non-zero only
+ * rewrites the name (-u). */
+QCOW2_EXPORT int qcow2_rebase(const char* path, const char* backing,
+                              const char* backing_format, int unsafe,
+                              const qcow2_chain_op_options_t* opts,
+                              char** errptr);
+/* Offline block-stream: pulls into the top what lies above `base` (NULL:
+ * the whole chain) and makes `base` its backing file. */
+QCOW2_EXPORT int qcow2_stream(const char* path, const char* base,
+                              const qcow2_chain_op_options_t* opts,
+                              char** errptr);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

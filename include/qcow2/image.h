@@ -33,70 +33,13 @@
 #include "qcow2/options.h"
 #include "qcow2/queue.h"
 #include "qcow2/stats.h"
+#include "qcow2/types.h"
 
 namespace qcow2 {
 
 namespace internal {
 class Engine;
 }
-
-// What one range of the virtual disk reads from, as `qemu-img map` reports
-// it.
-struct BlockStatus {
-  uint64_t offset = 0;  // guest offset of the range
-  uint64_t length = 0;  // bytes with this status
-  // Index in the chain of the layer that decides the contents (0 = top).
-  // For ranges allocated nowhere, the depth of the deepest layer searched.
-  int depth = 0;
-  bool present = false;     // some layer allocates it (data or zero)
-  bool zero = false;        // reads as zeros
-  bool data = false;        // reads from stored data
-  bool compressed = false;  // stored in a compressed cluster
-  // Host byte offset in the file of layer `depth` (uncompressed data only).
-  std::optional<uint64_t> host_offset;
-};
-
-// One internal snapshot, as `qemu-img snapshot -l` lists it (QEMU's
-// SnapshotInfo).
-struct SnapshotInfo {
-  std::string id;              // unique in the image; QEMU picks "1", "2", ...
-  std::string name;            // need not be unique
-  uint64_t vm_state_size = 0;  // bytes of saved VM state (0: disk only)
-  uint32_t date_sec = 0;       // when it was taken (Unix time)
-  uint32_t date_nsec = 0;
-  uint64_t vm_clock_nsec = 0;  // guest clock at the time
-  // Instruction count (record/replay); absent when the entry has none.
-  std::optional<uint64_t> icount;
-  uint64_t disk_size = 0;  // virtual size of the disk it holds
-};
-
-// Facts about one image file of a chain, for `info`.
-struct LayerInfo {
-  std::string filename;  // path as opened
-  ImageFormat format = ImageFormat::kRaw;
-  uint64_t virtual_size = 0;
-  uint64_t file_size = 0;  // logical size of the host file
-  // qcow2 only below.
-  uint32_t version = 0;
-  uint32_t cluster_size = 0;
-  uint32_t refcount_bits = 0;
-  bool extended_l2 = false;
-  CompressionType compression_type = CompressionType::kZlib;
-  bool lazy_refcounts = false;
-  bool dirty = false;
-  bool corrupt = false;
-  uint64_t incompatible_features = 0;
-  uint64_t compatible_features = 0;
-  uint64_t autoclear_features = 0;
-  uint32_t snapshot_count = 0;
-  // The snapshot table (empty when it cannot be read; snapshot_count
-  // still gives the header's count).
-  std::vector<SnapshotInfo> snapshots;
-  std::string backing_file;           // as stored in the header
-  std::string backing_format;         // from the header extension, if any
-  std::string full_backing_filename;  // resolved path of the backing file
-  std::string data_file;              // external data file name, if any
-};
 
 class QCOW2_EXPORT Image {
  public:
@@ -238,6 +181,56 @@ class QCOW2_EXPORT Image {
   // Deletes the snapshot whose id is `name_or_id`, else the first whose
   // name is, and frees what only it used. kNotFound if none matches.
   absl::Status DeleteSnapshot(const std::string& name_or_id);
+
+  // --- Persistent dirty bitmaps of the top image (qcow2 only), as
+  // `qemu-img bitmap` edits them and QEMU's dirty-bitmap block jobs use
+  // them. On an image open read-write, every enabled bitmap records each
+  // guest write, write-zeroes and discard (in memory, as it is planned);
+  // the bitmaps are written back to the file by Close() (a bitmap found in
+  // use at open is left as it is, see BitmapInfo::in_use). On a read-only
+  // image they are read from the file on first use. The listing and the
+  // status are safe beside requests in flight on any queue and reflect
+  // every write submitted before the call; the edits need writable()
+  // (kFailedPrecondition otherwise) and run beside requests too.
+
+  // The bitmaps, in directory order (empty for a raw image or a qcow2
+  // image without any). kDataLoss for a malformed bitmap directory;
+  // kUnimplemented for a bitmap type the library cannot read.
+  absl::StatusOr<std::vector<BitmapInfo>> ListBitmaps() const;
+
+  // The dirty state of bitmap `name` from `offset`, as long as it stays
+  // uniform, at most `max_len` bytes (clipped to the disk; the range ends
+  // on a granule boundary, or the disk's end). kNotFound naming the
+  // bitmap if it does not exist; kFailedPrecondition for one in use;
+  // kOutOfRange for an offset at or past size(); kInvalidArgument for a
+  // max_len of 0.
+  absl::StatusOr<BitmapStatus> GetBitmapStatus(const std::string& name,
+                                               uint64_t offset,
+                                               uint64_t max_len) const;
+
+  // Creates bitmap `name`, all clean, recording writes from now on if
+  // `enabled`. `granularity` is a power of two from 512 bytes to 2 GiB; 0
+  // takes qemu-img's default (the cluster size, at least 4 KiB). Errors as
+  // `qemu-img bitmap --add`: kAlreadyExists, kInvalidArgument for a bad
+  // name or granularity, kFailedPrecondition for a version 2 image,
+  // kResourceExhausted past 65535 bitmaps.
+  absl::Status AddBitmap(const std::string& name, uint64_t granularity = 0,
+                         bool enabled = true);
+  // Deletes bitmap `name` (in use or not); its clusters are freed when the
+  // bitmaps are next written. kNotFound if it does not exist.
+  absl::Status RemoveBitmap(const std::string& name);
+  // Marks every granule of bitmap `name` clean.
+  absl::Status ClearBitmap(const std::string& name);
+  // Starts or stops bitmap `name` recording writes (the auto flag).
+  absl::Status EnableBitmap(const std::string& name);
+  absl::Status DisableBitmap(const std::string& name);
+  // Marks dirty in bitmap `target` every granule that bitmap `source` of
+  // `source_image` (this image when null; it may be open read-only) has
+  // dirty, as `qemu-img bitmap --merge` does; granularities may differ.
+  // kNotFound for either bitmap; kFailedPrecondition for one in use.
+  absl::Status MergeBitmap(const std::string& target,
+                           const std::string& source,
+                           const Image* source_image = nullptr);
 
   // A new asynchronous queue on this image (see qcow2/queue.h). Fails on a
   // closed image.

@@ -79,23 +79,13 @@
 #include "absl/types/span.h"
 #include "qcow2/export.h"
 #include "qcow2/stats.h"
+#include "qcow2/types.h"
 
 namespace qcow2 {
 
 namespace internal {
 class QueueImpl;
 }
-
-struct QueueOptions {
-  // Maximum requests in flight (flushes included); Submit* fails with
-  // kResourceExhausted beyond it.
-  int depth = 128;
-  // false: never try io_uring (run requests synchronously).
-  bool use_io_uring = true;
-};
-
-// Called once per request with its result.
-using Completion = std::function<void(absl::Status)>;
 
 class QCOW2_EXPORT Queue {
  public:

@@ -26,61 +26,17 @@
 #include "qcow2/image.h"
 #include "qcow2/queue.h"
 #include "qcow2/version.h"
+#include "lib/api/c_internal.h"
 
-struct qcow2_image_t {
-  std::unique_ptr<qcow2::Image> image;
-};
-
-struct qcow2_queue_t {
-  std::unique_ptr<qcow2::Queue> queue;
-  // Completions whose callback ran but that poll has not returned yet.
-  std::deque<qcow2_completion_t> ready;
-  int event_fd = -1;  // the queue's notifier, once asked for
-};
-
-struct qcow2_live_control_t {
-  qcow2::LiveJobControl control;
-};
+using qcow2::c_api::CheckSize;
+using qcow2::c_api::CopyOut;
+using qcow2::c_api::Invalid;
+using qcow2::c_api::NullArg;
+using qcow2::c_api::Report;
+using qcow2::c_api::SetError;
+using qcow2::c_api::ToErrno;
 
 namespace {
-
-int ToErrno(const absl::Status& s) {
-  switch (s.code()) {
-    case absl::StatusCode::kOk: return 0;
-    case absl::StatusCode::kInvalidArgument: return EINVAL;
-    case absl::StatusCode::kNotFound: return ENOENT;
-    case absl::StatusCode::kAlreadyExists: return EEXIST;
-    case absl::StatusCode::kPermissionDenied: return EACCES;
-    case absl::StatusCode::kFailedPrecondition: return EPERM;
-    case absl::StatusCode::kResourceExhausted: return ENOSPC;
-    case absl::StatusCode::kUnimplemented: return ENOTSUP;
-    case absl::StatusCode::kUnavailable: return EBUSY;
-    case absl::StatusCode::kCancelled: return ECANCELED;
-    case absl::StatusCode::kDeadlineExceeded: return ETIMEDOUT;
-    default: return EIO;  // kOutOfRange (as QEMU), kDataLoss, kInternal ...
-  }
-}
-
-// Stores `message` in *errptr (freeing what was there).
-void SetError(char** errptr, absl::string_view message) {
-  if (errptr == nullptr) return;
-  std::free(*errptr);
-  *errptr = static_cast<char*>(std::malloc(message.size() + 1));
-  if (*errptr == nullptr) return;
-  std::memcpy(*errptr, message.data(), message.size());
-  (*errptr)[message.size()] = '\0';
-}
-
-// 0, or the negative errno of `s` with its message in *errptr.
-int Report(const absl::Status& s, char** errptr) {
-  if (s.ok()) return 0;
-  SetError(errptr, s.message());
-  return -ToErrno(s);
-}
-
-int Invalid(char** errptr, absl::string_view message) {
-  return Report(absl::InvalidArgumentError(message), errptr);
-}
 
 // A size as qemu-img writes it: digits with an optional k, M, G, T suffix
 // (powers of 1024, either case).
@@ -275,28 +231,6 @@ qcow2_image_t* OpenImage(const char* path, const qcow2::OpenOptions& opts,
   return new qcow2_image_t{std::move(*image)};
 }
 
-// Copies `full` to the caller's `out`, as much of it as out->size says
-// (an older caller's struct is shorter), keeping out->size.
-template <typename T>
-void CopyOut(T full, T* out) {
-  full.size = out->size;
-  std::memcpy(out, &full, std::min(out->size, sizeof(T)));
-}
-
-// Checks the caller's struct size; -EINVAL when it cannot even hold it.
-template <typename T>
-int CheckSize(const T* out, const char* what, char** errptr) {
-  if (out->size >= sizeof(out->size)) return 0;
-  return Invalid(errptr, absl::StrCat(what, ": out->size ", out->size,
-                                      " is too small"));
-}
-
-bool NullArg(const void* p, const char* what, char** errptr) {
-  if (p != nullptr) return false;
-  Invalid(errptr, absl::StrCat(what, " is NULL"));
-  return true;
-}
-
 // The live job options of a C caller (`in` may be NULL: the defaults;
 // only the fields inside in->size are read; zeros keep the defaults).
 int LiveOptions(const qcow2_live_options_t* in, qcow2::LiveJobOptions* out,
@@ -389,6 +323,26 @@ int TakeReady(qcow2_queue_t* q, qcow2_completion_t* out, int max) {
 
 }  // namespace
 
+namespace qcow2::c_api {
+
+absl::Status ParseOpenOptions(const char* options, absl::string_view what,
+                              OpenOptions* out) {
+  return ForEachOption(options, what,
+                       [&](absl::string_view k, absl::string_view v) {
+                         return ApplyOpenOption(k, v, out);
+                       });
+}
+
+absl::Status ParseCreateOptions(const char* options, absl::string_view what,
+                                CreateOptions* out) {
+  return ForEachOption(options, what,
+                       [&](absl::string_view k, absl::string_view v) {
+                         return ApplyCreateOption(k, v, out);
+                       });
+}
+
+}  // namespace qcow2::c_api
+
 extern "C" {
 
 const char* qcow2_version_string(void) { return qcow2::VersionString(); }
@@ -401,11 +355,8 @@ int qcow2_image_create(const char* path, const char* backing, uint64_t size,
   qcow2::CreateOptions opts;
   opts.size = size;
   if (backing != nullptr) opts.backing_file = backing;
-  absl::Status s = ForEachOption(
-      options, absl::StrCat("creating ", path),
-      [&](absl::string_view k, absl::string_view v) {
-        return ApplyCreateOption(k, v, &opts);
-      });
+  absl::Status s = qcow2::c_api::ParseCreateOptions(
+      options, absl::StrCat("creating ", path), &opts);
   if (!s.ok()) return Report(s, errptr);
   return Report(qcow2::CreateImage(path, opts), errptr);
 }
@@ -422,11 +373,8 @@ qcow2_image_t* qcow2_image_open_opts(const char* path, const char* options,
                                      char** errptr) {
   if (NullArg(path, "path", errptr)) return nullptr;
   qcow2::OpenOptions opts;
-  absl::Status s = ForEachOption(
-      options, absl::StrCat("opening ", path),
-      [&](absl::string_view k, absl::string_view v) {
-        return ApplyOpenOption(k, v, &opts);
-      });
+  absl::Status s = qcow2::c_api::ParseOpenOptions(
+      options, absl::StrCat("opening ", path), &opts);
   if (!s.ok()) {
     Report(s, errptr);
     return nullptr;

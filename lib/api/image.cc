@@ -122,7 +122,7 @@ absl::StatusOr<BlockStatus> Image::GetBlockStatus(uint64_t offset,
 
 absl::Status Image::CreateOverlay(const std::string& path,
                                   const CreateOptions& opts) {
-  return engine_->CreateOverlay(path, opts);
+  return engine_->CreateOverlay(path, opts, &CreateImage);
 }
 
 absl::Status Image::ChangeBackingFile(const std::string& name,

@@ -26,7 +26,8 @@ class ABSL_LOCKABLE Mutex {
   // sections are short, and with many threads on few CPUs a waiter that
   // goes to sleep at once costs two context switches, and a convoy forms
   // behind the sleeper the holder wakes (256 NBD worker threads writing at
-  // once went from about 103k to 135k IOPS: docs/benchmarks.md). On one CPU
+  // once went from about 103k to 135k IOPS:
+  // bench/results/2026-12-03-nbd-serving.md). On one CPU
   // the holder cannot run while we spin, so there it sleeps at once.
   void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() {
     for (int i = SpinLimit(); i > 0; --i) {

@@ -11,7 +11,7 @@
 #include "lib/chain/backing_map.h"
 #include "lib/io/io_plan.h"
 #include "lib/layer/layer.h"
-#include "qcow2/image.h"
+#include "qcow2/types.h"
 
 namespace qcow2::internal {
 
@@ -79,12 +79,21 @@ class Chain {
 
   // Grows the disk (the top's L1 table is reallocated when needed).
   absl::Status Resize(uint64_t new_size);
-  // Flushes and closes every layer; the chain takes no request after.
+  // Flushes and closes every layer; the chain takes no request after. The
+  // image locks stay until DropImageLocksAfterClose.
   absl::Status Close();
-  // A live external snapshot: a new qcow2 overlay at `path` becomes the
-  // top; the old top is flushed, marked clean and kept read-only below.
+  // After Close, once no request of ours can still write the files: gives
+  // up every image lock, so that others may open the image at once rather
+  // than when the files are closed. Does nothing before Close, or twice.
+  void DropImageLocksAfterClose();
+  // A live external snapshot: a new qcow2 overlay at `path`, made by
+  // `create` (the public CreateImage, handed down by the facade above:
+  // image creation lives in lib/api), becomes the top; the old top is
+  // flushed, marked clean and kept read-only below.
+  using ImageCreator = absl::Status (*)(const std::string& path,
+                                        const CreateOptions& opts);
   absl::Status CreateOverlay(const std::string& path,
-                             const CreateOptions& opts);
+                             const CreateOptions& opts, ImageCreator create);
 
   // --- Live stream and commit (chain_live.cc; lib/engine/engine_live.cc).
   // Whether a layer at depth 1 .. below-1 allocates guest bytes at
@@ -148,6 +157,7 @@ class Chain {
   OpenOptions opts_;
   bool writable_ = false;
   bool closed_ = false;
+  bool locks_dropped_ = false;  // DropImageLocksAfterClose ran
 };
 
 }  // namespace qcow2::internal

@@ -73,7 +73,7 @@ int LockFd(File* file) {
   file = Unwrapped(file);
   if (File* inner = GuardedFile(file)) file = Unwrapped(inner);
   auto* posix = dynamic_cast<PosixFile*>(file);
-  return posix != nullptr ? posix->fd() : -1;
+  return posix != nullptr ? posix->lock_fd() : -1;
 }
 
 absl::Status Chain::Close() {
@@ -85,17 +85,22 @@ absl::Status Chain::Close() {
     absl::Status s = layer->Close();
     if (result.ok() && !s.ok()) result = s;
   }
-  // A closed image lets others in at once, not when the Image object dies.
+  return result;
+}
+
+void Chain::DropImageLocksAfterClose() {
+  if (!closed_ || locks_dropped_) return;
+  locks_dropped_ = true;
   for (auto& layer : layers_) {
     if (int fd = LockFd(layer->file()); fd >= 0) {
       DropImageLocks(fd, LockPerms{kPermAll, 0}, LockPerms{});
     }
   }
-  return result;
 }
 
 absl::Status Chain::CreateOverlay(const std::string& path,
-                                  const CreateOptions& opts) {
+                                  const CreateOptions& opts,
+                                  ImageCreator create) {
   RETURN_IF_ERROR(CheckWritable());
   if (length() > opts_.max_chain_depth) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -143,7 +148,7 @@ absl::Status Chain::CreateOverlay(const std::string& path,
                                                " over ", old_top->filename(),
                                                ": ", s.message()));
   };
-  if (absl::Status s = CreateImage(path, co); !s.ok()) return fail(s);
+  if (absl::Status s = create(path, co); !s.ok()) return fail(s);
   FileOpener* opener = opts_.opener ? opts_.opener : DefaultFileOpener();
   FileOptions fo;
   fo.read_only = false;

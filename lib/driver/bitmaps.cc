@@ -97,16 +97,25 @@ absl::StatusOr<std::vector<BitmapInfo>> ListBitmaps(File* file,
   if (!HasConsistentExtension(h)) return out;
   ASSIGN_OR_RETURN(auto dir, ReadDirectory(file, h, file_size));
   for (const BitmapDirEntry& e : dir.second) {
-    out.push_back(BitmapInfo{e.name, e.granularity(),
-                             (e.flags & kBitmapInUse) != 0,
-                             (e.flags & kBitmapAuto) != 0});
+    BitmapInfo& b = out.emplace_back();
+    b.name = e.name;
+    b.granularity = e.granularity();
+    b.enabled = (e.flags & kBitmapAuto) != 0;
+    b.in_use = (e.flags & kBitmapInUse) != 0;
   }
   return out;
 }
 
 absl::Status DirtyBitmaps::LoadReadOnly() {
+  if (loaded_ || s_->writable) return absl::OkStatus();
   if (!HasConsistentExtension(s_->header)) return absl::OkStatus();
-  return Load();
+  absl::Status s = Load();
+  if (!s.ok()) {
+    bitmaps_.clear();
+    return s;
+  }
+  loaded_ = true;
+  return absl::OkStatus();
 }
 
 absl::Status DirtyBitmaps::Load() {
@@ -381,7 +390,11 @@ absl::Status DirtyBitmaps::Store() {
 }
 
 DirtyBitmaps::Bitmap* DirtyBitmaps::Find(const std::string& name) {
-  for (Bitmap& b : bitmaps_) {
+  return const_cast<Bitmap*>(std::as_const(*this).Find(name));
+}
+
+const DirtyBitmaps::Bitmap* DirtyBitmaps::Find(const std::string& name) const {
+  for (const Bitmap& b : bitmaps_) {
     if (b.entry.name == name) return &b;
   }
   return nullptr;
@@ -389,16 +402,8 @@ DirtyBitmaps::Bitmap* DirtyBitmaps::Find(const std::string& name) {
 
 absl::StatusOr<DirtyBitmaps::Bitmap*> DirtyBitmaps::FindUsable(
     const std::string& name) {
-  Bitmap* b = Find(name);
-  if (b == nullptr) {
-    return absl::NotFoundError(
-        absl::StrCat("Dirty bitmap '", name, "' not found"));
-  }
-  if (!b->consistent) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "Bitmap '", name, "' is inconsistent and cannot be used"));
-  }
-  return b;
+  ASSIGN_OR_RETURN(const Bitmap* b, std::as_const(*this).FindUsable(name));
+  return const_cast<Bitmap*>(b);
 }
 
 absl::Status DirtyBitmaps::Add(const std::string& name, uint64_t granularity,
@@ -483,18 +488,66 @@ absl::Status DirtyBitmaps::SetEnabled(const std::string& name, bool enabled) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<const DirtyBitmaps::Bitmap*> DirtyBitmaps::FindUsable(
+    const std::string& name) const {
+  const Bitmap* b = Find(name);
+  if (b == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("Dirty bitmap '", name, "' not found"));
+  }
+  if (!b->consistent) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Bitmap '", name, "' is inconsistent and cannot be used"));
+  }
+  return b;
+}
+
 absl::StatusOr<std::pair<std::vector<uint8_t>, uint32_t>> DirtyBitmaps::Bits(
     const std::string& name) const {
-  for (const Bitmap& b : bitmaps_) {
-    if (b.entry.name != name) continue;
-    if (!b.consistent) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "Bitmap '", name, "' is inconsistent and cannot be used"));
-    }
-    return std::make_pair(b.bits, uint32_t{b.entry.granularity_bits});
+  ASSIGN_OR_RETURN(const Bitmap* b, FindUsable(name));
+  return std::make_pair(b->bits, uint32_t{b->entry.granularity_bits});
+}
+
+absl::StatusOr<BitmapStatus> DirtyBitmaps::Status(const std::string& name,
+                                                  uint64_t offset,
+                                                  uint64_t max_len) const {
+  ASSIGN_OR_RETURN(const Bitmap* b, FindUsable(name));
+  const uint64_t size = s_->header.size;
+  if (offset >= size) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "offset ", offset, " is past the end of the image (", size, ")"));
   }
-  return absl::NotFoundError(
-      absl::StrCat("Dirty bitmap '", name, "' not found"));
+  if (max_len == 0) {
+    return absl::InvalidArgumentError("bitmap status of an empty range");
+  }
+  const uint64_t end = offset + std::min(max_len, size - offset);
+  const uint32_t g = b->entry.granularity_bits;
+  // Bits past the loaded ones (a disk grown since, for a disabled bitmap)
+  // are clean: no write reached them while it recorded.
+  const uint64_t nbits = b->bits.size() * 8;
+  auto bit = [&](uint64_t i) {
+    return i < nbits && (b->bits[i / 8] & (1u << (i % 8))) != 0;
+  };
+  const uint64_t last = (end - 1) >> g;
+  uint64_t i = offset >> g;
+  const bool dirty = bit(i);
+  const uint8_t same = dirty ? 0xff : 0x00;
+  ++i;
+  while (i <= last) {
+    // Whole bytes at a time where they are uniform.
+    if (i % 8 == 0 && i + 8 <= last + 1 &&
+        (i >= nbits ? !dirty : b->bits[i / 8] == same)) {
+      i += 8;
+      continue;
+    }
+    if (bit(i) != dirty) break;
+    ++i;
+  }
+  BitmapStatus st;
+  st.offset = offset;
+  st.length = std::min(end, i << g) - offset;
+  st.dirty = dirty;
+  return st;
 }
 
 absl::Status DirtyBitmaps::MergeInto(const std::string& dst,
@@ -520,8 +573,11 @@ absl::Status DirtyBitmaps::MergeInto(const std::string& dst,
 std::vector<BitmapInfo> DirtyBitmaps::List() const {
   std::vector<BitmapInfo> out;
   for (const Bitmap& b : bitmaps_) {
-    out.push_back(BitmapInfo{b.entry.name, b.entry.granularity(),
-                             !b.consistent, b.enabled});
+    BitmapInfo& info = out.emplace_back();
+    info.name = b.entry.name;
+    info.granularity = b.entry.granularity();
+    info.enabled = b.enabled;
+    info.in_use = !b.consistent;
   }
   return out;
 }

@@ -31,16 +31,9 @@
 #include "lib/driver/qcow2_state.h"
 #include "lib/format/bitmaps.h"
 #include "qcow2/file.h"
+#include "qcow2/types.h"
 
 namespace qcow2::internal {
-
-// What `qemu-img info` shows of a bitmap.
-struct BitmapInfo {
-  std::string name;
-  uint64_t granularity = 0;
-  bool in_use = false;
-  bool enabled = false;  // the auto flag
-};
 
 // The bitmaps listed in the image in `file` (header `h`, file size
 // `file_size`), read-only: empty when it has none or the extension is
@@ -67,7 +60,10 @@ class DirtyBitmaps {
   absl::Status OpenForWriting();
 
   // For a read-only layer, on request (read-only opens do not touch
-  // bitmaps): loads the bitmaps and their bits, for Bits() and List().
+  // bitmaps): loads the bitmaps and their bits, for Bits(), Status() and
+  // List(). Once: later calls (and any call on a writable layer, whose
+  // bitmaps OpenForWriting loaded) do nothing. On failure nothing is
+  // kept, and the next call tries again.
   absl::Status LoadReadOnly();
 
   // True when the image's bitmaps extension is maintained by this layer.
@@ -100,6 +96,13 @@ class DirtyBitmaps {
 
   std::vector<BitmapInfo> List() const;
 
+  // The dirty state of bitmap `name` from guest `offset` for as long as
+  // it stays the same, at most `max_len` bytes and never past the disk.
+  // kNotFound naming the bitmap; kFailedPrecondition for one in use
+  // (inconsistent); kOutOfRange for an offset past the disk.
+  absl::StatusOr<BitmapStatus> Status(const std::string& name,
+                                      uint64_t offset, uint64_t max_len) const;
+
  private:
   struct Bitmap {
     BitmapDirEntry entry;      // as the directory in force says
@@ -130,13 +133,16 @@ class DirtyBitmaps {
   absl::Status FreeTable(const BitmapDirEntry& e,
                          const std::vector<uint64_t>& data_clusters);
   Bitmap* Find(const std::string& name);
+  const Bitmap* Find(const std::string& name) const;
   absl::StatusOr<Bitmap*> FindUsable(const std::string& name);
+  absl::StatusOr<const Bitmap*> FindUsable(const std::string& name) const;
   void Resize(Bitmap* b);
 
   Qcow2State* const s_;
   HeaderWriter* const header_writer_;
   FlushSequencer* const flusher_;
   bool maintained_ = false;
+  bool loaded_ = false;  // LoadReadOnly() succeeded
   bool edited_ = false;  // bitmaps added or removed since the last store
   std::vector<Bitmap> bitmaps_;
   // Removed since the last store: their tables and data, freed by Store.

@@ -49,32 +49,16 @@
 
 #include "absl/status/statusor.h"
 #include "qcow2/file.h"
+#include "qcow2/types.h"
 
 namespace qcow2::internal {
 
-enum class RepairMode { kNone, kLeaks, kAll };
+// The public types (qcow2/types.h), under the checker's names.
+using RepairMode = ::qcow2::RepairMode;
+using CheckResult = ::qcow2::CheckReport;
 
 // Most clusters (file end / cluster size) CheckImage accepts.
 inline constexpr uint64_t kMaxCheckClusters = 1ull << 28;
-
-struct CheckResult {
-  uint64_t corruptions = 0, leaks = 0, check_errors = 0;
-  uint64_t corruptions_fixed = 0, leaks_fixed = 0;
-  uint64_t image_end_offset = 0, total_clusters = 0, allocated_clusters = 0,
-           fragmented_clusters = 0, compressed_clusters = 0;
-  // Human lines, in order, like the ones qemu-img prints to stderr
-  // ("ERROR cluster 5 refcount=1 reference=2", "Leaked cluster 9
-  // refcount=1 reference=0", "Repairing ...").
-  std::vector<std::string> messages;
-  // Non-empty when the check stopped before the end (QEMU's check returns
-  // -errno; qemu-img then prints "Check failed: <this>" and exits 1). The
-  // counters are then partial.
-  std::string failure;
-  // True when a repair changed something and the image was checked a
-  // second time; messages[recheck_first_message...] are that check's.
-  bool rechecked = false;
-  size_t recheck_first_message = 0;
-};
 
 // Checks the qcow2 image in `file` and, with `mode` != kNone, repairs it
 // (see above). Returns an error status only when the image cannot be

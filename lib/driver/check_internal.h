@@ -39,7 +39,7 @@ constexpr uint64_t kRefTableReservedMask = ~kRefTableOffsetMask;  // bits 0..8
 constexpr uint64_t kBitmapAllAlloc = 0xffffffffull;
 constexpr uint64_t kBitmapAllZero = 0xffffffff00000000ull;
 
-// Persistent bitmaps (docs/interop/qcow2.txt, "Bitmaps extension").
+// Persistent bitmaps (QEMU's docs/interop/qcow2.txt, "Bitmaps extension").
 constexpr uint64_t kBitmapEntryReservedMask = 0xff000000000001feull;
 constexpr uint64_t kBitmapEntryAllOnes = 1;
 constexpr uint32_t kBitmapDirEntryFixed = 24;

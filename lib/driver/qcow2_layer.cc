@@ -205,8 +205,8 @@ LayerInfo Qcow2Layer::Info() const {
   info.compatible_features = h.compatible_features;
   info.autoclear_features = h.autoclear_features;
   info.snapshot_count = h.nb_snapshots;
+  absl::StatusOr<uint64_t> size = state_.file->Size();
   if (h.nb_snapshots > 0) {
-    absl::StatusOr<uint64_t> size = state_.file->Size();
     absl::StatusOr<DecodedSnapshotTable> table =
         size.ok() ? ReadSnapshotTable(state_.file.get(), h, *size)
                   : absl::StatusOr<DecodedSnapshotTable>(size.status());
@@ -215,6 +215,14 @@ LayerInfo Qcow2Layer::Info() const {
         info.snapshots.push_back(ToSnapshotInfo(e));
       }
     }
+  }
+  absl::StatusOr<std::vector<BitmapInfo>> bitmaps =
+      size.ok() ? ListBitmaps(state_.file.get(), h, *size)
+                : absl::StatusOr<std::vector<BitmapInfo>>(size.status());
+  if (bitmaps.ok()) {
+    info.bitmaps = std::move(bitmaps).value();
+  } else {
+    info.bitmaps_error = std::string(bitmaps.status().message());
   }
   info.backing_file = h.backing_file;
   info.backing_format = h.backing_format.value_or("");

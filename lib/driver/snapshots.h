@@ -21,7 +21,7 @@
 #include "lib/format/header.h"
 #include "lib/format/snapshot_table.h"
 #include "qcow2/file.h"
-#include "qcow2/image.h"
+#include "qcow2/types.h"
 
 namespace qcow2::internal {
 

@@ -53,12 +53,14 @@ absl::Status Engine::CheckLocked(const Request& r) const {
 
 bool Engine::Begin(Request* r, absl::Status* rejected) {
   EngineLock lock(&mu_);
-  if (absl::Status s = CheckLocked(*r); !s.ok()) {
-    if (rejected != nullptr) {
-      *rejected = std::move(s);
-    } else {
-      r->status = std::move(s);
-    }
+  absl::Status checked = CheckLocked(*r);
+  if (!checked.ok() && rejected != nullptr) {
+    *rejected = std::move(checked);
+    return true;
+  }
+  ++unfinished_;  // until Finish
+  if (!checked.ok()) {
+    r->status = std::move(checked);
     return true;
   }
   StatsScope scope(&r->stats);
@@ -188,6 +190,7 @@ void Engine::Finish(Request* r) {
   WriteBackFile* meta = nullptr;
   uint64_t ticket = 0;
   Qcow2Layer* top = nullptr;
+  bool ended = false;  // RequestEndedLocked ran
   {
     EngineLock lock(&mu_);
     FinishLocked(r);
@@ -198,6 +201,10 @@ void Engine::Finish(Request* r) {
     if (r->write_back.after_commit != 0) {
       meta = chain_->TopWriteBack();
       ticket = r->write_back.after_commit;
+    }
+    if (meta == nullptr && (r->flush.released.empty() || top == nullptr)) {
+      RequestEndedLocked();  // nothing left to write
+      ended = true;
     }
   }
   if (meta != nullptr) {
@@ -216,8 +223,19 @@ void Engine::Finish(Request* r) {
     EngineLock lock(&mu_);
     top->flusher().EndDiscard(r->flush.released);
     r->flush.released.clear();
+    RequestEndedLocked();
+    ended = true;
+  }
+  if (!ended) {
+    EngineLock lock(&mu_);
+    RequestEndedLocked();
   }
   if (r->owner == nullptr) stats_.Retire(r->stats);
+}
+
+void Engine::RequestEndedLocked() {
+  // The last request of a closed image: its locks go now (Engine::Close).
+  if (--unfinished_ == 0) chain_->DropImageLocksAfterClose();
 }
 
 void Engine::FinishLocked(Request* r) {
@@ -243,11 +261,12 @@ void Engine::FinishLocked(Request* r) {
 }
 
 absl::Status Engine::CreateOverlay(const std::string& path,
-                                   const CreateOptions& opts) {
+                                   const CreateOptions& opts,
+                                   Chain::ImageCreator create) {
   CountedCall counted(&stats_);
   EngineLock lock(&mu_);
   RETURN_IF_ERROR(RefuseDuringLiveJob("a new overlay"));
-  RETURN_IF_ERROR(chain_->CreateOverlay(path, opts));
+  RETURN_IF_ERROR(chain_->CreateOverlay(path, opts, create));
   // The new top's clusters may differ: no request holds a range now (a
   // caller of this must have none in flight).
   SetLockGeometry(chain_.get(), &locks_);

@@ -119,7 +119,8 @@ class Engine {
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Close() ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status CreateOverlay(const std::string& path,
-                             const CreateOptions& opts)
+                             const CreateOptions& opts,
+                             Chain::ImageCreator create)
       ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<LayerInfo> GetChainInfo() const ABSL_LOCKS_EXCLUDED(mu_);
   // Flushes the top, then rewrites its backing name and format: see
@@ -135,6 +136,22 @@ class Engine {
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status ApplySnapshot(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status DeleteSnapshot(const std::string& key) ABSL_LOCKS_EXCLUDED(mu_);
+  // Persistent dirty bitmaps of the top layer (engine_bitmaps.cc): the
+  // live ones its DirtyBitmaps keeps, marked under this lock as writes
+  // are planned (a read-only top's are loaded on first use).
+  absl::StatusOr<std::vector<BitmapInfo>> ListBitmaps() const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<BitmapStatus> GetBitmapStatus(const std::string& name,
+                                               uint64_t offset,
+                                               uint64_t max_len) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The bits and granularity (log2) of bitmap `name`, for a merge.
+  absl::StatusOr<std::pair<std::vector<uint8_t>, uint32_t>> BitmapBits(
+      const std::string& name) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs `edit` on the top layer of an open read-write qcow2 image, under
+  // the lock (kFailedPrecondition / kUnimplemented otherwise).
+  absl::Status EditBitmaps(absl::FunctionRef<absl::Status(Qcow2Layer*)> edit)
+      ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t size() const ABSL_LOCKS_EXCLUDED(mu_);
   int length() const ABSL_LOCKS_EXCLUDED(mu_);
   bool writable() const { return writable_; }
@@ -227,9 +244,16 @@ class Engine {
   // stops them.
   absl::Status RunCommits(Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishLocked(Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A request counted in unfinished_ has done its last write;
+  // after Close, the last one drops the image locks.
+  void RequestEndedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The top layer for a snapshot change: open, writable, qcow2, and no
   // Queue open.
   absl::StatusOr<Qcow2Layer*> SnapshotTarget(const std::string& what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The top layer with its bitmaps loaded, for reading bitmap `name`:
+  // kNotFound naming it for a raw top (null when `name` is empty).
+  absl::StatusOr<Qcow2Layer*> BitmapSource(const std::string& name) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- The fill stage (engine_fill.cc).
@@ -273,6 +297,10 @@ class Engine {
   FlushGroup flushes_ ABSL_GUARDED_BY(mu_);
   // A live stream or commit runs (BeginLiveJob).
   bool live_job_ ABSL_GUARDED_BY(mu_) = false;
+  // Requests begun (Begin) and not finished (Finish): I/O
+  // of ours that may still reach the files. Close drops the image locks
+  // only when it is zero.
+  int unfinished_ ABSL_GUARDED_BY(mu_) = 0;
   StatsRegistry stats_;
 };
 

@@ -140,7 +140,13 @@ absl::Status Engine::ResizePreallocated(uint64_t new_size,
 absl::Status Engine::Close() {
   CountedCall counted(&stats_);
   EngineLock lock(&mu_);
-  return chain_->Close();
+  absl::Status closed = chain_->Close();
+  // The image locks go only once nothing of ours can still write the files,
+  // so that an opener waiting for them never finds writes still landing.
+  // Requests in flight (Close must not race them; a caller that does) hold
+  // them until the last one finishes (RequestEndedLocked).
+  if (unfinished_ == 0) chain_->DropImageLocksAfterClose();
+  return closed;
 }
 
 absl::Status Engine::ChangeBackingFile(const std::string& name,

@@ -21,7 +21,7 @@
 #include "lib/engine/engine.h"
 #include "lib/engine/request.h"
 #include "lib/engine/runner.h"
-#include "qcow2/queue.h"
+#include "qcow2/types.h"
 
 namespace qcow2::internal {
 

@@ -13,7 +13,7 @@
 
 #include "absl/status/status.h"
 #include "lib/io/io_plan.h"
-#include "qcow2/queue.h"
+#include "qcow2/types.h"
 #include "qcow2/stats.h"
 
 namespace qcow2::internal {

@@ -2,7 +2,7 @@
 // The one place a request's lifecycle is written down: the stages every
 // request goes through (Stage, in request.h) and the runner that moves it
 // from one to the next, whoever carries out its I/O. The synchronous calls
-// (RunSync) and the io_uring queues (lib/engine/queue.cc) differ only in
+// (RunSync) and the io_uring queues (lib/engine/queue_impl.cc) differ only in
 // their Executor.
 #ifndef QCOW2_LIB_ENGINE_RUNNER_H_
 #define QCOW2_LIB_ENGINE_RUNNER_H_

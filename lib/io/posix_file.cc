@@ -88,8 +88,9 @@ std::optional<uint64_t> DeviceSize(int fd) {
 }  // namespace
 
 PosixFile::PosixFile(int fd, std::string name, uint32_t alignment,
-                     bool no_flush)
+                     bool no_flush, int lock_fd)
     : fd_(fd),
+      lock_fd_(lock_fd),
       name_(std::move(name)),
       alignment_(alignment),
       no_flush_(no_flush),
@@ -110,7 +111,35 @@ absl::Status PosixFile::DeviceCannotGrow(uint64_t size) const {
   return Error(ENOSPC, absl::StrCat("growing the image to ", size, " bytes"));
 }
 
-PosixFile::~PosixFile() { ::close(fd_); }
+PosixFile::~PosixFile() {
+  // The data descriptor first: the locks are the last thing to go.
+  ::close(fd_);
+  if (lock_fd_ >= 0) ::close(lock_fd_);
+}
+
+absl::StatusOr<int> OpenLockDescriptor(const std::string& path, int data_fd) {
+  int fd;
+  do {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) {
+    return absl::ErrnoToStatus(
+        errno, absl::StrCat("cannot open ", path, " again for its image lock"));
+  }
+  struct stat data, lock;
+  if (::fstat(data_fd, &data) != 0 || ::fstat(fd, &lock) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return ErrnoError(err, "fstat of", path);
+  }
+  if (data.st_dev != lock.st_dev || data.st_ino != lock.st_ino) {
+    ::close(fd);
+    return absl::AbortedError(absl::StrCat(
+        path, " was replaced while it was being opened (its lock would be "
+              "on another file); open it again"));
+  }
+  return fd;
+}
 
 absl::Status PosixFile::RawRead(uint64_t offset, uint8_t* buf, size_t len) {
   while (len > 0) {
@@ -436,26 +465,30 @@ absl::StatusOr<std::unique_ptr<File>> OpenPosixFile(const std::string& path,
     }
     return internal::ErrnoError(err, "cannot open", path);
   }
+  // The locks go on a descriptor of their own (OpenLockDescriptor says why).
+  int lock_fd = -1;
+  auto fail = [&](absl::Status s) {
+    ::close(fd);
+    if (lock_fd >= 0) ::close(lock_fd);
+    return s;
+  };
   if (opts.lock) {
+    absl::StatusOr<int> l = internal::OpenLockDescriptor(path, fd);
+    if (!l.ok()) return fail(l.status());
+    lock_fd = *l;
     absl::Status locked = internal::LockImageFile(
-        fd, path, internal::ImageLockPerms(!opts.read_only,
-                                           opts.force_share));
-    if (!locked.ok()) {
-      ::close(fd);
-      return locked;
-    }
+        lock_fd, path,
+        internal::ImageLockPerms(!opts.read_only, opts.force_share));
+    if (!locked.ok()) return fail(locked);
   }
   uint32_t alignment = 1;
   if (opts.direct) {
     absl::StatusOr<uint32_t> a = internal::ProbeDirectAlignment(fd);
-    if (!a.ok()) {
-      ::close(fd);
-      return a.status();
-    }
+    if (!a.ok()) return fail(a.status());
     alignment = *a;
   }
-  return std::unique_ptr<File>(
-      new internal::PosixFile(fd, path, alignment, opts.no_flush));
+  return std::unique_ptr<File>(new internal::PosixFile(
+      fd, path, alignment, opts.no_flush, lock_fd));
 }
 
 namespace {

@@ -40,12 +40,25 @@ class AlignedBuffer {
 // The alignment O_DIRECT needs for `fd`.
 absl::StatusOr<uint32_t> ProbeDirectAlignment(int fd);
 
+// The descriptor that carries a file's image locks (file_lock.h): an open
+// file description of its own, onto the same file as `data_fd`, that no
+// I/O ever uses. The io_uring executor holds references to the data
+// descriptor's open file description for as long as requests are in flight,
+// and the kernel tears a dead process's ring down only after the process
+// is reaped; locks on that description would outlive the process. Locks on
+// this one go when the process's descriptors are closed, whatever is still
+// in flight. Opened O_RDONLY (F_RDLCK needs read access, nothing more),
+// O_CLOEXEC and O_NONBLOCK (a FIFO never blocks it); fails if `path` no longer names the file `data_fd` opened
+// (replaced in between: st_dev and st_ino differ).
+absl::StatusOr<int> OpenLockDescriptor(const std::string& path, int data_fd);
+
 class PosixFile : public File {
  public:
-  // Takes ownership of `fd` (a regular file or a block device).
-  // `no_flush`: Flush() does nothing (FileOptions::no_flush).
+  // Takes ownership of `fd` (a regular file or a block device) and of
+  // `lock_fd` (OpenLockDescriptor's, or -1 for a file opened without
+  // locks). `no_flush`: Flush() does nothing (FileOptions::no_flush).
   PosixFile(int fd, std::string name, uint32_t alignment,
-            bool no_flush = false);
+            bool no_flush = false, int lock_fd = -1);
   ~PosixFile() override;
 
   absl::Status ReadAt(uint64_t offset, absl::Span<uint8_t> buf) override;
@@ -72,7 +85,11 @@ class PosixFile : public File {
                                uint64_t* len) override;
   const std::string& name() const override { return name_; }
   uint32_t alignment() const override { return alignment_; }
+  // The descriptor for I/O (pread, pwrite, io_uring). Never locked.
   int fd() const { return fd_; }
+  // The descriptor that carries the image locks, -1 without: every lock
+  // change of the file goes here, never to fd().
+  int lock_fd() const { return lock_fd_; }
   // Flush() makes nothing durable: the io_uring executor skips it too.
   bool no_flush() const { return no_flush_; }
   // The error of a failed call (`what`: "write at 4096") on this file, as
@@ -98,6 +115,7 @@ class PosixFile : public File {
   absl::Status DeviceCannotGrow(uint64_t size) const;
 
   const int fd_;
+  const int lock_fd_;
   const std::string name_;
   const uint32_t alignment_;
   const bool no_flush_;

@@ -14,7 +14,7 @@
 #include "absl/types/span.h"
 #include "lib/base/mutex.h"
 #include "qcow2/file.h"
-#include "qcow2/image.h"
+#include "qcow2/types.h"
 
 namespace qcow2::internal {
 

@@ -19,7 +19,7 @@
 //    reaches the disk out of the recorded order;
 //  - each cache entry a log writes stays pinned in its cache (Pin) until
 //    the log is written, so it is never evicted and read back stale;
-//  - events (lib/util/events.h) emitted while recording are kept in the
+//  - events (lib/base/events.h) emitted while recording are kept in the
 //    log and emitted again as the log is written, before the I/O they name
 //    (a log of events alone is not queued: they are emitted as it ends).
 // Reads pass straight through: nothing read through this file lies in a

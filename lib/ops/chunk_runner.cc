@@ -68,6 +68,10 @@ absl::Status ChunkRunner::Run(const NextFn& next, std::vector<StageFn> stages,
     for (auto& slot : slots_) {
       if (!more || !error_.ok()) break;
       if (slot->busy) continue;
+      if (control_ != nullptr && control_->cancelled()) {
+        error_ = absl::CancelledError("cancelled");
+        break;
+      }
       absl::StatusOr<bool> got = next(&slot->chunk);
       if (!got.ok()) {
         error_ = got.status();

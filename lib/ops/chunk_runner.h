@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "qcow2/live.h"
 #include "qcow2/queue.h"
 
 namespace qcow2::ops {
@@ -60,6 +61,10 @@ class ChunkRunner {
   absl::Status Run(const NextFn& next, std::vector<StageFn> stages,
                    const std::function<void(uint64_t)>& progress = {});
 
+  // Stops handing out chunks once `control` is cancelled (Run then
+  // returns kCancelled after the chunks in flight). May be null.
+  void set_control(const LiveJobControl* control) { control_ = control; }
+
   // Submits one request of `slot`'s current stage: `submit` is called with
   // the completion to pass to the Queue's Submit call.
   absl::Status Issue(Slot& slot,
@@ -78,6 +83,7 @@ class ChunkRunner {
   std::function<void(uint64_t)> progress_;
   int busy_ = 0;
   absl::Status error_;
+  const LiveJobControl* control_ = nullptr;
 };
 
 // Whether `data` holds only zero bytes.

@@ -14,7 +14,6 @@
 #include "lib/driver/qcow2_layer.h"
 #include "lib/io/accounted_file.h"
 #include "lib/ops/chunk_runner.h"
-#include "lib/ops/lifecycle.h"
 #include "lib/ops/rebase_copy.h"
 
 namespace qcow2::ops {
@@ -87,6 +86,7 @@ absl::Status CopyDown(const std::vector<Chunk>& ranges,
   size_t next = 0;
   uint64_t in_range = 0;  // bytes of ranges[next] handed out already
   ChunkRunner runner(queues, opts.depth, chunk);
+  runner.set_control(opts.control);
   auto source = [&](Chunk* c) -> absl::StatusOr<bool> {
     if (next == ranges.size()) return false;
     const Chunk& r = ranges[next];
@@ -149,6 +149,19 @@ absl::Status GrowRawFile(const std::string& path, uint64_t size,
 }
 
 }  // namespace
+
+}  // namespace qcow2::ops
+
+// --- The public calls (qcow2/maintenance.h).
+namespace qcow2 {
+
+using ops::CanonicalPath;
+using ops::Chunk;
+using ops::CopyDown;
+using ops::EmptyTop;
+using ops::FormatName;
+using ops::GrowRawFile;
+using ops::RangesAbove;
 
 absl::StatusOr<int> FindInChain(const std::vector<LayerInfo>& chain,
                                 const std::string& name) {
@@ -237,4 +250,4 @@ absl::StatusOr<CommitResult> Commit(const CommitSpec& spec,
   return result;
 }
 
-}  // namespace qcow2::ops
+}  // namespace qcow2

@@ -11,7 +11,6 @@
 #include "lib/base/status_macros.h"
 #include "lib/chain/chain.h"
 #include "lib/ops/chunk_runner.h"
-#include "lib/ops/lifecycle.h"
 #include "lib/ops/rebase_copy.h"
 
 namespace qcow2::ops {
@@ -111,6 +110,7 @@ absl::Status CopyForRebase(Image* top, Image* new_backing, int shared_depth,
   const uint64_t chunk = std::max<uint64_t>(opts.chunk / kSector, 1) * kSector;
   RebaseChunks chunks(top, new_backing, shared_depth, chunk);
   ChunkRunner runner(queues, opts.depth, chunk);
+  runner.set_control(opts.control);
   const uint64_t new_size = new_backing ? new_backing->size() : 0;
 
   // Stage 1: the old data (zeros known from metadata are not read) and
@@ -186,6 +186,15 @@ absl::Status CopyForRebase(Image* top, Image* new_backing, int shared_depth,
   return top->Flush();
 }
 
+}  // namespace qcow2::ops
+
+// --- The public calls (qcow2/maintenance.h).
+namespace qcow2 {
+
+using ops::CanonicalPath;
+using ops::CopyForRebase;
+using ops::FormatName;
+
 absl::Status Rebase(const RebaseSpec& spec, const ChainOpOptions& opts) {
   auto change_error = [&](const absl::Status& s) {
     return absl::Status(s.code(),
@@ -246,4 +255,4 @@ absl::Status Rebase(const RebaseSpec& spec, const ChainOpOptions& opts) {
   return top->Close();
 }
 
-}  // namespace qcow2::ops
+}  // namespace qcow2

@@ -7,8 +7,8 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "lib/ops/lifecycle.h"
 #include "qcow2/image.h"
+#include "qcow2/maintenance.h"
 
 namespace qcow2::ops {
 

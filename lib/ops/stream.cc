@@ -6,7 +6,6 @@
 #include <system_error>
 
 #include "lib/base/status_macros.h"
-#include "lib/ops/lifecycle.h"
 #include "lib/ops/rebase_copy.h"
 
 namespace qcow2::ops {
@@ -32,6 +31,16 @@ std::string NameFromTop(const std::vector<LayerInfo>& chain, int depth) {
 
 }  // namespace
 
+}  // namespace qcow2::ops
+
+// --- The public calls (qcow2/maintenance.h).
+namespace qcow2 {
+
+using ops::CanonicalPath;
+using ops::CopyForRebase;
+using ops::FormatName;
+using ops::NameFromTop;
+
 absl::Status StreamChain(const StreamSpec& spec, const ChainOpOptions& opts) {
   OpenOptions oo = opts.open;
   oo.read_write = true;
@@ -56,4 +65,4 @@ absl::Status StreamChain(const StreamSpec& spec, const ChainOpOptions& opts) {
   return top->Close();
 }
 
-}  // namespace qcow2::ops
+}  // namespace qcow2

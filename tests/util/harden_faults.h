@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Error injection across every file of a chain, reads included.
 //
-// lib/io/fault_file.h counts the operations of one simulated disk (writes,
+// testing/fault_file.h counts the operations of one simulated disk (writes,
 // flushes, truncates, discards; reads are not counted) and can fail one of
 // them. InjectingFileSystem puts one counter over all the disks of a run
 // (backing files and overlays created on the way included) and also counts

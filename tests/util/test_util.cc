@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -163,6 +164,24 @@ std::string QcowtoolPath() {
 #else
   return "qcowtool";
 #endif
+}
+
+bool OtherHoldsByte(int fd, int byte) {
+  struct flock fl;
+  std::memset(&fl, 0, sizeof(fl));
+  fl.l_whence = SEEK_SET;
+  fl.l_start = byte;
+  fl.l_len = 1;
+  fl.l_type = F_WRLCK;
+  return ::fcntl(fd, F_OFD_GETLK, &fl) == 0 && fl.l_type != F_UNLCK;
+}
+
+bool ByteLocked(const std::string& path, int byte) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool taken = OtherHoldsByte(fd, byte);
+  ::close(fd);
+  return taken;
 }
 
 }  // namespace qcow2::testing

@@ -99,6 +99,15 @@ absl::StatusOr<std::vector<uint8_t>> QemuCheckedReadAll(
 // Path of the qcowtool binary under test.
 std::string QcowtoolPath();
 
+// Whether an open file description other than `fd`'s holds byte `byte` of
+// its file (an OFD lock test as a writer would make it: our own locks
+// never conflict).
+bool OtherHoldsByte(int fd, int byte);
+
+// Whether anyone holds byte `byte` of `path` (QEMU's image lock bytes),
+// as a fresh opener sees it. False if `path` cannot be opened.
+bool ByteLocked(const std::string& path, int byte);
+
 }  // namespace qcow2::testing
 
 #endif  // QCOW2_TESTS_UTIL_TEST_UTIL_H_

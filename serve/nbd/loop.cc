@@ -1,0 +1,422 @@
+// SPDX-License-Identifier: Apache-2.0
+// The event loop: one thread, one io_uring for its sockets and the
+// readiness of its qcow2::Queue, and the requests it runs.
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "serve/nbd/conn.h"
+#include "serve/nbd/protocol.h"
+#include "serve/nbd/server.h"
+
+namespace qcow2::nbd {
+namespace {
+
+constexpr unsigned kRingEntries = 1024;
+// How long a stopping server waits for clients to take their replies.
+constexpr int kDrainSeconds = 10;
+// Descriptors per BLOCK_STATUS chunk at most; the client asks again for
+// the rest.
+constexpr size_t kMaxExtents = 1024;
+
+}  // namespace
+
+uint32_t NbdError(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kOk:
+      return 0;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+      return kEinval;
+    case absl::StatusCode::kResourceExhausted:
+      return kEnospc;
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kFailedPrecondition:
+      return kEperm;
+    case absl::StatusCode::kUnimplemented:
+      return kEnotsup;
+    default:
+      return kEio;
+  }
+}
+
+Loop::Loop(Server* server, Image* image, int index)
+    : server_(server), image_(image), index_(index) {}
+
+absl::StatusOr<std::unique_ptr<Loop>> Loop::Create(Server* server,
+                                                   Image* image, int index) {
+  std::unique_ptr<Loop> loop(new Loop(server, image, index));
+  io_uring_params params{};
+  params.flags = IORING_SETUP_SUBMIT_ALL;
+  int ret = io_uring_queue_init_params(kRingEntries, &loop->ring_, &params);
+  if (ret < 0) {
+    params.flags = 0;
+    ret = io_uring_queue_init_params(kRingEntries, &loop->ring_, &params);
+  }
+  if (ret < 0) {
+    return absl::ErrnoToStatus(-ret, "io_uring_queue_init for the NBD server");
+  }
+  loop->ring_ok_ = true;
+  QueueOptions qopts;
+  qopts.depth = server->options().queue_depth;
+  auto queue = image->CreateQueue(qopts);
+  if (!queue.ok()) return queue.status();
+  loop->queue_ = std::move(queue).value();
+  loop->queue_efd_ = loop->queue_->EventFd();
+  if (loop->queue_efd_ < 0) {
+    return absl::ErrnoToStatus(-loop->queue_efd_, "the queue's eventfd");
+  }
+  loop->stop_efd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (loop->stop_efd_ < 0) return absl::ErrnoToStatus(errno, "eventfd");
+  const auto& fds = server->options().listen_fds;
+  for (size_t i = 0; i < fds.size(); ++i) {
+    loop->accept_ops_.push_back(Op{Op::kAccept, nullptr, static_cast<int>(i)});
+  }
+  return loop;
+}
+
+Loop::~Loop() {
+  while (!conns_.empty()) delete *conns_.begin(), conns_.erase(conns_.begin());
+  if (ring_ok_) io_uring_queue_exit(&ring_);
+  queue_.reset();
+  if (stop_efd_ >= 0) ::close(stop_efd_);
+}
+
+bool Loop::verbose() const { return server_->options().verbose; }
+
+io_uring_sqe* Loop::Sqe() {
+  io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+  while (sqe == nullptr) {
+    io_uring_submit(&ring_);
+    sqe = io_uring_get_sqe(&ring_);
+  }
+  return sqe;
+}
+
+void Loop::PostAccept(int i) {
+  io_uring_sqe* sqe = Sqe();
+  io_uring_prep_accept(sqe, server_->options().listen_fds[i], nullptr,
+                       nullptr, SOCK_CLOEXEC);
+  io_uring_sqe_set_data(sqe, &accept_ops_[i]);
+}
+
+// A read of the queue's eventfd completes when it was readable and has
+// reset it: what finishes later makes it readable again, so no wake-up is
+// lost (the pattern of qcow2/queue.h, with the read on the ring).
+void Loop::PostQueuePoll() {
+  io_uring_sqe* sqe = Sqe();
+  io_uring_prep_read(sqe, queue_efd_, &efd_buf_, sizeof efd_buf_, 0);
+  io_uring_sqe_set_data(sqe, &queue_op_);
+}
+
+void Loop::Stop() {
+  const uint64_t one = 1;
+  // Async-signal-safe; nothing to do if it fails (the counter is set).
+  [[maybe_unused]] ssize_t n = ::write(stop_efd_, &one, sizeof one);
+}
+
+void Loop::Run() {
+  for (size_t i = 0; i < accept_ops_.size(); ++i) PostAccept(i);
+  PostQueuePoll();
+  io_uring_sqe* sqe = Sqe();
+  io_uring_prep_read(sqe, stop_efd_, &stop_buf_, sizeof stop_buf_, 0);
+  io_uring_sqe_set_data(sqe, &stop_op_);
+  std::vector<std::pair<Op*, int>> batch;
+  while (!(stopping_ && conns_.empty() && queue_->in_flight() == 0 &&
+           waiting_.empty())) {
+    int ret = io_uring_submit_and_wait(&ring_, 1);
+    if (ret < 0 && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY) {
+      error_ = absl::ErrnoToStatus(-ret, "io_uring_submit_and_wait");
+      break;
+    }
+    batch.clear();
+    io_uring_cqe* cqe;
+    unsigned head;
+    io_uring_for_each_cqe(&ring_, head, cqe) {
+      batch.emplace_back(static_cast<Op*>(io_uring_cqe_get_data(cqe)),
+                         cqe->res);
+    }
+    io_uring_cq_advance(&ring_, batch.size());
+    for (auto [op, res] : batch) Dispatch(op, res);
+    PumpDirty();
+  }
+}
+
+void Loop::Dispatch(Op* op, int res) {
+  switch (op->kind) {
+    case Op::kAccept:
+      return OnAccept(op->index, res);
+    case Op::kQueueReady:
+      return OnQueueReady();
+    case Op::kStop:
+      return BeginStop();
+    case Op::kDeadline:
+      if (stopping_) {
+        aborting_ = true;
+        for (Conn* c : conns_) c->Abort();
+      }
+      return;
+    case Op::kRecv:
+      op->conn->OnRecv(res);
+      return MarkDirty(op->conn);
+    case Op::kSend:
+      op->conn->OnSend(res);
+      return MarkDirty(op->conn);
+  }
+}
+
+void Loop::MarkDirty(Conn* conn) {
+  if (conn->dirty) return;
+  conn->dirty = true;
+  dirty_.push_back(conn);
+}
+
+void Loop::PumpDirty() {
+  std::vector<Conn*> now;
+  while (!dirty_.empty()) {
+    now.swap(dirty_);
+    for (Conn*& c : now) {
+      if (c == nullptr) continue;
+      c->dirty = false;
+      Conn* conn = c;
+      c = nullptr;
+      conn->Pump();  // may free it (ConnClosed clears it from the lists)
+    }
+    now.clear();
+  }
+}
+
+void Loop::ConnClosed(Conn* conn) {
+  std::replace(dirty_.begin(), dirty_.end(), conn, static_cast<Conn*>(nullptr));
+  conns_.erase(conn);
+  server_->connections().fetch_sub(1);
+  delete conn;
+}
+
+void Loop::OnAccept(int i, int fd) {
+  if (fd < 0) {
+    if (fd != -ECANCELED) {
+      std::fprintf(stderr, "qcowtool serve: accept: %s\n", std::strerror(-fd));
+    }
+    if (!stopping_ && fd != -EINVAL && fd != -EBADF) PostAccept(i);
+    return;
+  }
+  if (stopping_) {
+    ::close(fd);
+    return;
+  }
+  PostAccept(i);
+  const int limit = server_->options().max_connections;
+  if (limit > 0 && server_->connections().fetch_add(1) >= limit) {
+    server_->connections().fetch_sub(1);
+    std::fprintf(stderr,
+                 "qcowtool serve: refusing a client: %d connected already "
+                 "(--shared %d)\n", limit, limit);
+    ::close(fd);
+    return;
+  }
+  if (limit <= 0) server_->connections().fetch_add(1);
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // TCP only
+  Conn* conn = new Conn(this, fd, (next_id_++) * 64 + index_);
+  conns_.insert(conn);
+  MarkDirty(conn);
+}
+
+void Loop::OnQueueReady() {
+  while (queue_->Poll(0) > 0) {
+  }
+  while (!waiting_.empty() && queue_->in_flight() < queue_->depth()) {
+    std::unique_ptr<Req> req = std::move(waiting_.front());
+    waiting_.pop_front();
+    Submit(std::move(req));
+  }
+  PostQueuePoll();
+}
+
+void Loop::BeginStop() {
+  if (stopping_) return;
+  stopping_ = true;
+  for (Conn* c : conns_) {
+    c->StopReading();
+    MarkDirty(c);
+  }
+  deadline_.tv_sec = kDrainSeconds;
+  io_uring_sqe* sqe = Sqe();
+  io_uring_prep_timeout(sqe, &deadline_, 0, 0);
+  io_uring_sqe_set_data(sqe, &deadline_op_);
+}
+
+absl::Status Loop::Finish() {
+  if (ring_ok_) io_uring_queue_exit(&ring_);
+  ring_ok_ = false;
+  queue_.reset();  // before the caller closes the image
+  return error_;
+}
+
+void Loop::Start(std::unique_ptr<Req> req) {
+  Conn* conn = req->conn;
+  if (req->check.error != 0) {
+    const RequestCheck check = req->check;
+    conn->Reply(std::move(req), check.error, check.why);
+    if (check.disconnect) conn->StopReading();
+    return;
+  }
+  switch (req->r.type) {
+    case kCmdDisc:
+      conn->RequestDone();
+      conn->StopReading();
+      return;
+    case kCmdCache:
+      // Advisory (the protocol lets a server do nothing): the image's
+      // metadata caches fill on first use anyway.
+      return conn->Reply(std::move(req), 0, "");
+    case kCmdBlockStatus:
+      return BlockStatus(std::move(req));
+    case kCmdRead:
+      if (req->r.length == 0) return conn->Reply(std::move(req), 0, "");
+      if (ReadIsHole(*req)) {
+        OutItem item;
+        PutOffsetHole(&item.head, kReplyFlagDone, req->r.cookie, req->r.offset,
+                      req->r.length);
+        conn->RequestDone();
+        return conn->Queue(std::move(item));
+      }
+      conn->Allocate(req.get(), req->r.length);
+      break;
+    default:
+      break;
+  }
+  if (!waiting_.empty()) {  // keep the order requests came in
+    waiting_.push_back(std::move(req));
+    return;
+  }
+  Submit(std::move(req));
+}
+
+// A read of a range that is all zeros with no data is answered with one
+// OFFSET_HOLE chunk (when structured replies allow it and the client did
+// not ask for one chunk), without reading.
+bool Loop::ReadIsHole(const Req& req) {
+  if (!req.conn->handshake().structured() || (req.r.flags & kCmdFlagDf)) {
+    return false;
+  }
+  auto st = image_->GetBlockStatus(req.r.offset, req.r.length);
+  return st.ok() && st->length >= req.r.length && !st->data &&
+         (st->zero || !st->present);
+}
+
+void Loop::Submit(std::unique_ptr<Req> req) {
+  Req* raw = req.get();
+  Completion done = [this, raw](absl::Status s) { Done(raw, std::move(s)); };
+  const Request& r = raw->r;
+  absl::Status s;
+  if (raw->flush_stage || r.type == kCmdFlush) {
+    s = queue_->SubmitFlush(std::move(done));
+  } else if (r.type == kCmdRead) {
+    s = queue_->SubmitRead(r.offset, absl::MakeSpan(raw->buf, r.length),
+                           std::move(done));
+  } else if (r.type == kCmdWrite) {
+    s = queue_->SubmitWrite(r.offset, absl::MakeConstSpan(raw->buf, r.length),
+                            std::move(done));
+  } else if (r.type == kCmdTrim) {
+    s = queue_->SubmitDiscard(r.offset, r.length, std::move(done));
+  } else {  // kCmdWriteZeroes
+    s = queue_->SubmitWriteZeroes(r.offset, r.length,
+                                  (r.flags & kCmdFlagNoHole) == 0,
+                                  std::move(done));
+  }
+  if (s.ok()) {
+    req.release();  // Done() takes it back
+    return;
+  }
+  if (s.code() == absl::StatusCode::kResourceExhausted &&
+      queue_->in_flight() > 0) {
+    waiting_.push_front(std::move(req));
+    return;
+  }
+  Conn* conn = raw->conn;
+  conn->Reply(std::move(req), NbdError(s), std::string(s.message()));
+}
+
+void Loop::Done(Req* raw, absl::Status s) {
+  std::unique_ptr<Req> req(raw);
+  Conn* conn = req->conn;
+  if (!s.ok()) {
+    std::fprintf(stderr, "qcowtool serve: client %llu: request type %u at %llu+%u: %s\n",
+                 static_cast<unsigned long long>(conn->id()), req->r.type,
+                 static_cast<unsigned long long>(req->r.offset), req->r.length,
+                 std::string(s.message()).c_str());
+    return conn->Reply(std::move(req), NbdError(s), std::string(s.message()));
+  }
+  const uint16_t type = req->r.type;
+  if ((req->r.flags & kCmdFlagFua) && !req->flush_stage &&
+      (type == kCmdWrite || type == kCmdTrim || type == kCmdWriteZeroes)) {
+    req->flush_stage = true;  // FUA: durable before the reply
+    std::free(req->buf);      // the data is written; keep no payload
+    conn->Release(req->buf_len);
+    req->buf = nullptr;
+    req->buf_len = 0;
+    if (!waiting_.empty()) return waiting_.push_back(std::move(req));
+    return Submit(std::move(req));
+  }
+  if (type == kCmdRead) return conn->ReplyRead(std::move(req));
+  conn->Reply(std::move(req), 0, "");
+}
+
+void Loop::BlockStatus(std::unique_ptr<Req> req) {
+  Conn* conn = req->conn;
+  const std::vector<uint32_t>& contexts = conn->handshake().contexts();
+  const ExportConfig& cfg = server_->options().export_config;
+  const bool one = req->r.flags & kCmdFlagReqOne;
+  OutItem item;
+  for (size_t i = 0; i < contexts.size(); ++i) {
+    const uint32_t id = contexts[i];
+    std::vector<Extent> extents;
+    uint64_t pos = req->r.offset;
+    const uint64_t end = pos + req->r.length;
+    while (pos < end && extents.size() < kMaxExtents) {
+      uint64_t len = 0;
+      uint32_t flags = 0;
+      if (id == kContextBaseAllocation || id == kContextAllocationDepth) {
+        auto st = image_->GetBlockStatus(pos, end - pos);
+        if (!st.ok()) {
+          return conn->Reply(std::move(req), NbdError(st.status()),
+                             std::string(st.status().message()));
+        }
+        len = st->length;
+        if (id == kContextBaseAllocation) {
+          if (!st->data) flags |= kStateHole;
+          if (st->zero || !st->present) flags |= kStateZero;
+        } else {
+          flags = st->present ? st->depth + 1 : 0;
+        }
+      } else {
+        return conn->Reply(std::move(req), kEinval,
+                           "meta context " + Handshake::ContextName(cfg, id) +
+                               " cannot be read by this build");
+      }
+      if (len == 0) break;
+      if (!extents.empty() && extents.back().flags == flags) {
+        extents.back().length += static_cast<uint32_t>(len);
+      } else if (one && !extents.empty()) {
+        break;
+      } else {
+        extents.push_back(Extent{static_cast<uint32_t>(len), flags});
+      }
+      pos += len;
+    }
+    PutBlockStatus(&item.head, i + 1 == contexts.size() ? kReplyFlagDone : 0,
+                   req->r.cookie, id, extents);
+  }
+  conn->RequestDone();
+  conn->Queue(std::move(item));
+}
+
+}  // namespace qcow2::nbd
