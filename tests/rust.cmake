@@ -47,7 +47,10 @@ if(QCOW2_CARGO AND NOT QCOW2_SANITIZE)
   set(manifest --manifest-path ${PROJECT_SOURCE_DIR}/rust/Cargo.toml)
   file(MAKE_DIRECTORY ${rust_dir}/tmp)
 
-  add_test(NAME rust COMMAND ${cargo} test --offline --locked ${manifest})
+  # One test at a time: a test thread forking qemu-img while another holds
+  # a freshly created image open lends the child that file's OFD lock
+  # until its exec, and the other's open then fails with EBUSY.
+  add_test(NAME rust COMMAND ${cargo} test --offline --locked ${manifest} -- --test-threads=1)
   add_test(NAME rust_example
     COMMAND sh -c "d=$(mktemp -d) && \"$@\" \"$d\"; rc=$?; rm -rf \"$d\"; exit $rc" sh
             ${cargo} run --offline --locked ${manifest} -p qcow2 --example virtio_blk --)
@@ -59,7 +62,8 @@ if(QCOW2_CARGO AND NOT QCOW2_SANITIZE)
   # against it.
   add_test(NAME rust_pkg_config
     COMMAND sh -c "build=$0 target=$1; shift; d=$(mktemp -d) && trap 'rm -rf \"$d\"' EXIT && \
-      cmake --install \"$build\" --prefix \"$d/prefix\" >/dev/null && \
+      for c in qcow2_runtime qcow2_development; do \
+        cmake --install \"$build\" --prefix \"$d/prefix\" --component $c >/dev/null || exit 1; done && \
       lib=$(dirname $(find \"$d/prefix\" -name qcow2.pc))/.. && mkdir \"$d/vm\" && \
       env -u QCOW2_DIR PKG_CONFIG_PATH=\"$lib/pkgconfig\" LD_LIBRARY_PATH=\"$lib\" \
         CARGO_TARGET_DIR=\"$target\" \"$@\" \"$d/vm\""

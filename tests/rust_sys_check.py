@@ -14,7 +14,7 @@ import sys
 C_SCALARS = {
     "void": "c_void", "char": "c_char", "int": "c_int", "size_t": "usize",
     "uint8_t": "u8", "int32_t": "i32", "uint32_t": "u32", "int64_t": "i64",
-    "uint64_t": "u64",
+    "uint64_t": "u64", "double": "f64", "float": "f32",
 }
 
 

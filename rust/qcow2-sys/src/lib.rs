@@ -157,6 +157,140 @@ pub struct qcow2_live_options_t {
     pub control: *mut qcow2_live_control_t,
 }
 
+/// One persistent dirty bitmap of the top image.
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct qcow2_bitmap_info_t {
+    /// In: `size_of::<qcow2_bitmap_info_t>()`.
+    pub size: usize,
+    /// Malloc'd: free with [`qcow2_free`].
+    pub name: *mut c_char,
+    /// Bytes per bit.
+    pub granularity: u64,
+    /// The auto flag: writes set its bits.
+    pub enabled: u8,
+    /// Inconsistent (found in use): only removable.
+    pub in_use: u8,
+}
+
+/// The dirty state of a range of a bitmap.
+#[repr(C)]
+#[derive(Debug, Copy, Clone, Default)]
+pub struct qcow2_bitmap_status_t {
+    /// In: `size_of::<qcow2_bitmap_status_t>()`.
+    pub size: usize,
+    /// Guest offset of the range.
+    pub offset: u64,
+    /// Bytes with this state.
+    pub length: u64,
+    /// Written since the bitmap was cleared.
+    pub dirty: u8,
+}
+
+/// One internal snapshot.
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct qcow2_snapshot_info_t {
+    /// In: `size_of::<qcow2_snapshot_info_t>()`.
+    pub size: usize,
+    /// Malloc'd: free with [`qcow2_free`].
+    pub id: *mut c_char,
+    /// Malloc'd: free with [`qcow2_free`].
+    pub name: *mut c_char,
+    /// Bytes of VM state (0: disk only).
+    pub vm_state_size: u64,
+    /// Creation time, seconds.
+    pub date_sec: u32,
+    /// Creation time, nanoseconds.
+    pub date_nsec: u32,
+    /// Guest clock at creation.
+    pub vm_clock_nsec: u64,
+    /// Virtual size of the disk it holds.
+    pub disk_size: u64,
+    /// `icount` is meaningful.
+    pub has_icount: u8,
+    /// Instruction count at creation.
+    pub icount: u64,
+}
+
+/// qemu-img check's report.
+#[repr(C)]
+#[derive(Debug, Copy, Clone, Default)]
+pub struct qcow2_check_report_t {
+    /// In: `size_of::<qcow2_check_report_t>()`.
+    pub size: usize,
+    /// Corruptions found.
+    pub corruptions: u64,
+    /// Leaked clusters found.
+    pub leaks: u64,
+    /// Errors that stopped parts of the check.
+    pub check_errors: u64,
+    /// Corruptions repaired.
+    pub corruptions_fixed: u64,
+    /// Leaks repaired.
+    pub leaks_fixed: u64,
+    /// End of the image's data in its file.
+    pub image_end_offset: u64,
+    /// Clusters of the disk.
+    pub total_clusters: u64,
+    /// Clusters allocated.
+    pub allocated_clusters: u64,
+    /// Clusters not contiguous with the one before.
+    pub fragmented_clusters: u64,
+    /// Compressed clusters.
+    pub compressed_clusters: u64,
+    /// qemu-img check's exit status: 0 clean, 1 failed, 2 corrupt, 3 leaks.
+    pub verdict: i32,
+    /// Repaired, then checked again (these counters).
+    pub rechecked: u8,
+}
+
+/// `repair` of [`qcow2_check`]: report only.
+pub const QCOW2_REPAIR_NONE: c_int = 0;
+/// `repair` of [`qcow2_check`]: repair leaked clusters.
+pub const QCOW2_REPAIR_LEAKS: c_int = 1;
+/// `repair` of [`qcow2_check`]: repair everything.
+pub const QCOW2_REPAIR_ALL: c_int = 2;
+
+/// qemu-img measure's answer: the bytes a new image needs.
+#[repr(C)]
+#[derive(Debug, Copy, Clone, Default)]
+pub struct qcow2_measure_t {
+    /// In: `size_of::<qcow2_measure_t>()`.
+    pub size: usize,
+    /// Bytes the image needs for its data and metadata.
+    pub required: u64,
+    /// Bytes when fully allocated.
+    pub fully_allocated: u64,
+    /// Both sides carry persistent bitmaps.
+    pub has_bitmaps: u8,
+    /// Bytes of the bitmaps' metadata and data.
+    pub bitmaps: u64,
+}
+
+/// Progress of an offline chain operation: the fraction done (0..1).
+pub type qcow2_progress_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, fraction: f64)>;
+
+/// Options of an offline commit, rebase or stream (zeros: defaults).
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct qcow2_chain_op_options_t {
+    /// In: `size_of::<qcow2_chain_op_options_t>()`.
+    pub size: usize,
+    /// `qcow2_image_open_opts`'s string, or null.
+    pub open_options: *const c_char,
+    /// Chunks in flight; 0: 16.
+    pub depth: c_int,
+    /// Bytes per chunk (512 multiple); 0: 1 MiB.
+    pub chunk: u64,
+    /// May be `None`.
+    pub progress: qcow2_progress_fn,
+    /// Passed to `progress`.
+    pub progress_data: *mut c_void,
+    /// Cancels with `-ECANCELED`; may be null.
+    pub control: *mut qcow2_live_control_t,
+}
+
 extern "C" {
     // ---- library
     /// The version of the library loaded at run time (static storage).
@@ -335,6 +469,130 @@ extern "C" {
         img: *mut qcow2_image_t,
         base: c_int,
         opts: *const qcow2_live_options_t,
+        errptr: *mut *mut c_char,
+    ) -> c_int;
+
+    // ---- persistent dirty bitmaps
+    /// The number of bitmaps of the top image, or a negative errno.
+    pub fn qcow2_image_bitmap_count(img: *mut qcow2_image_t, errptr: *mut *mut c_char) -> c_int;
+    /// Bitmap number `index`; `-ENOENT` past the last. Set `out.size` first.
+    pub fn qcow2_image_bitmap_info(
+        img: *mut qcow2_image_t,
+        index: c_int,
+        out: *mut qcow2_bitmap_info_t,
+        errptr: *mut *mut c_char,
+    ) -> c_int;
+    /// The dirty state of bitmap `name` at `offset`, at most `max_len` bytes.
+    pub fn qcow2_image_bitmap_status(
+        img: *mut qcow2_image_t,
+        name: *const c_char,
+        offset: u64,
+        max_len: u64,
+        out: *mut qcow2_bitmap_status_t,
+        errptr: *mut *mut c_char,
+    ) -> c_int;
+    /// Creates bitmap `name` (granularity 0: the cluster size, at least 4 KiB).
+    pub fn qcow2_image_bitmap_add(
+        img: *mut qcow2_image_t,
+        name: *const c_char,
+        granularity: u64,
+        enabled: c_int,
+        errptr: *mut *mut c_char,
+    ) -> c_int;
+    /// Removes bitmap `name`.
+    pub fn qcow2_image_bitmap_remove(img: *mut qcow2_image_t, name: *const c_char, errptr: *mut *mut c_char)
+        -> c_int;
+    /// Clears every bit of bitmap `name`.
+    pub fn qcow2_image_bitmap_clear(img: *mut qcow2_image_t, name: *const c_char, errptr: *mut *mut c_char)
+        -> c_int;
+    /// Makes bitmap `name` record writes.
+    pub fn qcow2_image_bitmap_enable(img: *mut qcow2_image_t, name: *const c_char, errptr: *mut *mut c_char)
+        -> c_int;
+    /// Stops bitmap `name` recording writes.
+    pub fn qcow2_image_bitmap_disable(
+        img: *mut qcow2_image_t,
+        name: *const c_char,
+        errptr: *mut *mut c_char,
+    ) -> c_int;
+    /// Marks dirty in `target` what `source` (of `source_img`, null: `img`) has dirty.
+    pub fn qcow2_image_bitmap_merge(
+        img: *mut qcow2_image_t,
+        target: *const c_char,
+        source: *const c_char,
+        source_img: *mut qcow2_image_t,
+        errptr: *mut *mut c_char,
+    ) -> c_int;
+
+    // ---- internal snapshots
+    /// The number of internal snapshots, or a negative errno.
+    pub fn qcow2_image_snapshot_count(img: *mut qcow2_image_t, errptr: *mut *mut c_char) -> c_int;
+    /// Snapshot number `index` in table order; `-ENOENT` past the last.
+    pub fn qcow2_image_snapshot_info(
+        img: *mut qcow2_image_t,
+        index: c_int,
+        out: *mut qcow2_snapshot_info_t,
+        errptr: *mut *mut c_char,
+    ) -> c_int;
+    /// Creates a snapshot (`id` null or "": the next numeric id).
+    pub fn qcow2_image_snapshot_create(
+        img: *mut qcow2_image_t,
+        name: *const c_char,
+        id: *const c_char,
+        errptr: *mut *mut c_char,
+    ) -> c_int;
+    /// Reverts the disk to a snapshot, by id or else by name.
+    pub fn qcow2_image_snapshot_apply(
+        img: *mut qcow2_image_t,
+        name_or_id: *const c_char,
+        errptr: *mut *mut c_char,
+    ) -> c_int;
+    /// Deletes a snapshot, by id or else by name.
+    pub fn qcow2_image_snapshot_delete(
+        img: *mut qcow2_image_t,
+        name_or_id: *const c_char,
+        errptr: *mut *mut c_char,
+    ) -> c_int;
+
+    // ---- offline maintenance
+    /// qemu-img check (and repair) of the image at `path`.
+    pub fn qcow2_check(
+        path: *const c_char,
+        repair: c_int,
+        out: *mut qcow2_check_report_t,
+        messages: *mut *mut c_char,
+        errptr: *mut *mut c_char,
+    ) -> c_int;
+    /// qemu-img measure.
+    pub fn qcow2_measure(
+        options: *const c_char,
+        size: u64,
+        source: *mut qcow2_image_t,
+        out: *mut qcow2_measure_t,
+        errptr: *mut *mut c_char,
+    ) -> c_int;
+    /// qemu-img commit of the image at `path` into `base`.
+    pub fn qcow2_commit(
+        path: *const c_char,
+        base: *const c_char,
+        keep_top: c_int,
+        opts: *const qcow2_chain_op_options_t,
+        emptied: *mut c_int,
+        errptr: *mut *mut c_char,
+    ) -> c_int;
+    /// qemu-img rebase (`unsafe_` non-zero: only rewrite the name, -u).
+    pub fn qcow2_rebase(
+        path: *const c_char,
+        backing: *const c_char,
+        backing_format: *const c_char,
+        unsafe_: c_int,
+        opts: *const qcow2_chain_op_options_t,
+        errptr: *mut *mut c_char,
+    ) -> c_int;
+    /// Offline block-stream into the top of what lies above `base`.
+    pub fn qcow2_stream(
+        path: *const c_char,
+        base: *const c_char,
+        opts: *const qcow2_chain_op_options_t,
         errptr: *mut *mut c_char,
     ) -> c_int;
 }

@@ -11,6 +11,10 @@
 //!   through an eventfd ([`AsRawFd`](std::os::unix::io::AsRawFd)) for
 //!   epoll, mio or tokio's `AsyncFd`;
 //! - live stream and commit ([`Image::live_stream`], [`LiveControl`]);
+//! - persistent dirty bitmaps ([`Image::bitmaps`]), internal snapshots
+//!   ([`Image::snapshots`]), and the offline maintenance calls:
+//!   [`check_image`], [`CreateOptions::measure`], [`commit`], [`rebase`],
+//!   [`stream`];
 //! - one [`Error`]: the errno and the library's message, into
 //!   [`std::io::Error`].
 //!
@@ -47,12 +51,17 @@
 mod error;
 mod image;
 mod live;
+mod maintenance;
 mod options;
 mod queue;
 
 pub use error::{errno, Error, Result};
 pub use image::{BlockStatus, Image, Stats};
 pub use live::{LiveControl, LiveOptions, Progress};
+pub use maintenance::{
+    check_image, commit, rebase, stream, BitmapInfo, BitmapStatus, ChainOptions, CheckReport, Measure, Repair,
+    SnapshotInfo,
+};
 pub use options::{Compat, Compression, CreateOptions, Format, OpenOptions, Preallocation};
 pub use queue::{Completion, IoBuf, IoBufMut, Queue, Rejected};
 

@@ -28,6 +28,10 @@ impl LiveControl {
         LiveControl { raw: NonNull::new(raw).expect("qcow2_live_control_create: out of memory") }
     }
 
+    pub(crate) fn as_raw(&self) -> *mut sys::qcow2_live_control_t {
+        self.raw.as_ptr()
+    }
+
     /// Stops the job using this control at its next chunk.
     pub fn cancel(&self) {
         // SAFETY: a live control; thread-safe.

@@ -18,7 +18,7 @@ pub enum Format {
 }
 
 impl Format {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Format::Qcow2 => "qcow2",
             Format::Raw => "raw",
@@ -200,6 +200,14 @@ impl CreateOptions {
         self
     }
 
+    pub(crate) fn options_c_string(&self) -> Result<CString> {
+        self.options.to_c_string()
+    }
+
+    pub(crate) fn size_bytes(&self) -> u64 {
+        self.size
+    }
+
     /// Creates the image at `path` (`EEXIST` if it exists). Thread-safe.
     pub fn create(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path_c_string("path", path.as_ref())?;
@@ -319,6 +327,10 @@ impl OpenOptions {
     pub fn option(mut self, key: &str, value: &str) -> Self {
         self.options.push(key, value);
         self
+    }
+
+    pub(crate) fn options_c_string(&self) -> Result<CString> {
+        self.options.to_c_string()
     }
 
     /// Opens `path` and its backing chain.
