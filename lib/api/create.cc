@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "lib/chain/chain.h"
 #include "lib/driver/amend.h"
+#include "lib/format/entries.h"
 #include "lib/format/header.h"
 #include "lib/driver/qcow2_layer.h"
 #include "lib/base/endian.h"
@@ -160,7 +161,8 @@ absl::Status CreateQcow2(File* file, const std::string& path,
   }
   // Layout: header, refcount table, refcount blocks, L1 table; grow the
   // table and block counts until they describe the whole layout.
-  const uint64_t block_entries = cs * 8 / o.refcount_bits;
+  const uint64_t block_entries =
+      RefcountBlockEntries(h.cluster_bits, h.refcount_order);
   const uint64_t l1_clusters =
       std::max<uint64_t>(1, DivRoundUp(uint64_t{h.l1_size} * 8, cs));
   uint64_t table_clusters = 1, blocks = 1;
@@ -186,14 +188,9 @@ absl::Status CreateQcow2(File* file, const std::string& path,
   for (uint64_t b = 0; b < blocks; ++b) {
     StoreBE64(&table[b * 8], (1 + table_clusters + b) * cs);
   }
+  // The blocks lie end to end: cluster c's entry is the c-th across them.
   for (uint64_t c = 0; c < total; ++c) {
-    const uint64_t bit = c * o.refcount_bits;
-    uint8_t* p = &block_bytes[bit / 8];
-    if (o.refcount_bits < 8) {
-      *p |= static_cast<uint8_t>(1u << (bit % 8));
-    } else {
-      p[o.refcount_bits / 8 - 1] = 1;  // big-endian 1
-    }
+    WriteRefcount(block_bytes.data(), h.refcount_order, c, 1);
   }
   ASSIGN_OR_RETURN(std::vector<uint8_t> header, EncodeHeader(h));
   RETURN_IF_ERROR(file->Truncate(0));

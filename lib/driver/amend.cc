@@ -25,6 +25,7 @@
 #include "lib/base/status_macros.h"
 #include "lib/driver/check.h"
 #include "lib/driver/snapshots.h"
+#include "lib/format/entries.h"
 #include "lib/meta/refcounts.h"
 
 namespace qcow2::internal {
@@ -153,7 +154,7 @@ absl::Status CheckRefcountWidth(AmendTarget* t, const AmendPlan& p) {
   if (p.new_order < p.old_order) {
     ASSIGN_OR_RETURN(std::vector<uint64_t> refs, ReadAllRefcounts(t));
     const uint32_t bits = 1u << p.new_order;
-    const uint64_t limit = bits == 64 ? ~0ull : (1ull << bits) - 1;
+    const uint64_t limit = MaxRefcount(p.new_order);
     if (std::optional<uint64_t> k = FirstRefcountAbove(refs, limit)) {
       return Refuse(absl::StrFormat(
           "Cannot decrease refcount entry width to %u bits: Cluster at "

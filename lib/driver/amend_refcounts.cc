@@ -21,12 +21,10 @@
 #include "lib/driver/amend.h"
 #include "lib/driver/check.h"
 #include "lib/driver/check_internal.h"
+#include "lib/format/entries.h"
 #include "lib/meta/refcounts.h"
 
 namespace qcow2::internal {
-
-using check_detail::ReadRefcount;
-using check_detail::WriteRefcount;
 
 absl::StatusOr<std::vector<uint64_t>> ReadAllRefcounts(AmendTarget* t) {
   const Header& h = t->h;
@@ -35,7 +33,7 @@ absl::StatusOr<std::vector<uint64_t>> ReadAllRefcounts(AmendTarget* t) {
                    Refcounts::LoadTable(t->file, h.refcount_table_offset,
                                         h.refcount_table_clusters,
                                         h.cluster_bits, t->file->name()));
-  const uint64_t per_block = cs * 8 >> h.refcount_order;
+  const uint64_t per_block = RefcountBlockEntries(h.cluster_bits, h.refcount_order);
   if (DivRoundUp(t->file_size, cs) > kMaxCheckClusters) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "%s: too many clusters to amend (more than %u)", t->file->name(),
@@ -126,7 +124,7 @@ absl::Status ChangeRefcountOrder(AmendTarget* t, uint32_t order) {
   for (uint64_t e : old_table) {
     if ((e & kRefTableOffsetMask) != 0) drop((e & kRefTableOffsetMask) >> cb);
   }
-  const uint64_t per_block = cs * 8 >> order;
+  const uint64_t per_block = RefcountBlockEntries(cb, order);
   const uint64_t place =
       std::max<uint64_t>(DivRoundUp(t->file_size, cs), refs.size());
   const NewStructure ns =

@@ -80,57 +80,6 @@ inline L2Type TypeOf(uint64_t entry, bool extended) {
   return has_offset ? L2Type::kNormal : L2Type::kUnallocated;
 }
 
-// Refcount entry codec for every width (sub-byte widths count from the
-// least significant bit).
-inline uint64_t ReadRefcount(const uint8_t* block, uint32_t order, uint64_t i) {
-  switch (order) {
-    case 0:
-    case 1:
-    case 2: {
-      const uint32_t bits = 1u << order;
-      const uint64_t bit = i * bits;
-      return (block[bit / 8] >> (bit % 8)) & ((1u << bits) - 1);
-    }
-    case 3:
-      return block[i];
-    case 4:
-      return LoadBE16(block + i * 2);
-    case 5:
-      return LoadBE32(block + i * 4);
-    default:
-      return LoadBE64(block + i * 8);
-  }
-}
-
-inline void WriteRefcount(uint8_t* block, uint32_t order, uint64_t i,
-                          uint64_t v) {
-  switch (order) {
-    case 0:
-    case 1:
-    case 2: {
-      const uint32_t bits = 1u << order;
-      const uint64_t bit = i * bits;
-      const uint8_t mask =
-          static_cast<uint8_t>(((1u << bits) - 1) << (bit % 8));
-      block[bit / 8] = static_cast<uint8_t>((block[bit / 8] & ~mask) |
-                                            ((v << (bit % 8)) & mask));
-      break;
-    }
-    case 3:
-      block[i] = static_cast<uint8_t>(v);
-      break;
-    case 4:
-      StoreBE16(block + i * 2, static_cast<uint16_t>(v));
-      break;
-    case 5:
-      StoreBE32(block + i * 4, static_cast<uint32_t>(v));
-      break;
-    default:
-      StoreBE64(block + i * 8, v);
-      break;
-  }
-}
-
 // The expected refcount of every host cluster: 16 bits each, counts of
 // 0xffff and more kept in a side map.
 class ExpectedRefcounts {
@@ -172,7 +121,7 @@ class StoredRefcounts {
       : file_(file),
         cluster_bits_(cluster_bits),
         order_(refcount_order),
-        block_entries_((1ull << cluster_bits) * 8 >> refcount_order) {}
+        block_entries_(RefcountBlockEntries(cluster_bits, refcount_order)) {}
 
   void set_table(std::vector<uint64_t> table) {
     table_ = std::move(table);
@@ -310,8 +259,7 @@ struct CheckState {
         h(std::move(header)),
         cb(h.cluster_bits),
         cs(h.cluster_size()),
-        max_refcount(h.refcount_order == 6 ? ~0ull
-                                           : (1ull << h.refcount_bits()) - 1),
+        max_refcount(MaxRefcount(h.refcount_order)),
         file_size(size),
         stored(f, h.cluster_bits, h.refcount_order) {}
 

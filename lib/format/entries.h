@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// Codecs for L1, L2 (standard and extended) and refcount table entries.
+// Codecs for L1, L2 (standard and extended), refcount table and refcount
+// block entries.
 #ifndef QCOW2_LIB_FORMAT_ENTRIES_H_
 #define QCOW2_LIB_FORMAT_ENTRIES_H_
 
 #include <cstdint>
+
+#include "lib/base/endian.h"
 
 namespace qcow2::internal {
 
@@ -96,6 +99,72 @@ inline uint64_t EncodeCompressed(uint64_t host_offset, uint64_t length,
   const uint64_t last = (host_offset + length - 1) / 512;
   const uint64_t extra_sectors = last - host_offset / 512;
   return kOflagCompressed | (extra_sectors << shift) | host_offset;
+}
+
+// Refcount block entries: 2^order bits each (order 0..6, 1 to 64 bits).
+// Widths of a byte and more are big-endian; narrower ones pack into each
+// byte from its least significant bit. `block` is one refcount block (or
+// several laid end to end: entry i is the i-th across them).
+inline uint64_t ReadRefcount(const uint8_t* block, uint32_t order,
+                             uint64_t i) {
+  switch (order) {
+    case 0:
+    case 1:
+    case 2: {
+      const uint32_t bits = 1u << order;
+      const uint64_t bit = i * bits;
+      return (block[bit / 8] >> (bit % 8)) & ((1u << bits) - 1);
+    }
+    case 3:
+      return block[i];
+    case 4:
+      return LoadBE16(block + i * 2);
+    case 5:
+      return LoadBE32(block + i * 4);
+    default:
+      return LoadBE64(block + i * 8);
+  }
+}
+
+// Stores `v` (truncated to the width) as entry i; the other entries
+// sharing its byte keep their bits.
+inline void WriteRefcount(uint8_t* block, uint32_t order, uint64_t i,
+                          uint64_t v) {
+  switch (order) {
+    case 0:
+    case 1:
+    case 2: {
+      const uint32_t bits = 1u << order;
+      const uint64_t bit = i * bits;
+      const uint8_t mask =
+          static_cast<uint8_t>(((1u << bits) - 1) << (bit % 8));
+      block[bit / 8] = static_cast<uint8_t>((block[bit / 8] & ~mask) |
+                                            ((v << (bit % 8)) & mask));
+      break;
+    }
+    case 3:
+      block[i] = static_cast<uint8_t>(v);
+      break;
+    case 4:
+      StoreBE16(block + i * 2, static_cast<uint16_t>(v));
+      break;
+    case 5:
+      StoreBE32(block + i * 4, static_cast<uint32_t>(v));
+      break;
+    default:
+      StoreBE64(block + i * 8, v);
+      break;
+  }
+}
+
+// The largest refcount an entry of 2^order bits holds.
+inline uint64_t MaxRefcount(uint32_t order) {
+  return order >= 6 ? ~0ull : (1ull << (1u << order)) - 1;
+}
+
+// Entries in one refcount block of 2^cluster_bits bytes.
+inline uint64_t RefcountBlockEntries(uint32_t cluster_bits, uint32_t order) {
+  return (1ull << cluster_bits) * 8 >> order;
 }
 
 }  // namespace qcow2::internal

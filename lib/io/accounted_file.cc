@@ -8,7 +8,7 @@
 namespace qcow2::internal {
 
 AccountedFile::AccountedFile(std::unique_ptr<File> base)
-    : base_(std::move(base)) {}
+    : ForwardingFile(std::move(base)) {}
 
 std::unique_ptr<File> AccountedFile::Wrap(std::unique_ptr<File> file) {
   if (file == nullptr || dynamic_cast<AccountedFile*>(file.get()) != nullptr) {
@@ -23,63 +23,60 @@ std::unique_ptr<File> AccountedFile::Wrap(std::unique_ptr<File> file) {
 
 absl::Status AccountedFile::ReadAt(uint64_t offset, absl::Span<uint8_t> buf) {
   NoteHostCall();
-  return base_->ReadAt(offset, buf);
+  return inner()->ReadAt(offset, buf);
 }
 
 absl::Status AccountedFile::WriteAt(uint64_t offset,
                                     absl::Span<const uint8_t> data) {
   NoteHostCall();
-  return base_->WriteAt(offset, data);
+  return inner()->WriteAt(offset, data);
 }
 
 absl::Status AccountedFile::ReadvAt(uint64_t offset,
                                     absl::Span<const iovec> iov) {
   NoteHostCall();
-  return base_->ReadvAt(offset, iov);
+  return inner()->ReadvAt(offset, iov);
 }
 
 absl::Status AccountedFile::WritevAt(uint64_t offset,
                                      absl::Span<const iovec> iov) {
   NoteHostCall();
-  return base_->WritevAt(offset, iov);
+  return inner()->WritevAt(offset, iov);
 }
 
 absl::Status AccountedFile::Flush() {
   NoteHostCall();
-  return base_->Flush();
+  return inner()->Flush();
 }
-
-// Not counted: see the class comment.
-absl::StatusOr<uint64_t> AccountedFile::Size() { return base_->Size(); }
 
 absl::Status AccountedFile::Truncate(uint64_t size) {
   NoteHostCall();
-  return base_->Truncate(size);
+  return inner()->Truncate(size);
 }
 
 absl::Status AccountedFile::Extend(uint64_t old_size, uint64_t new_size) {
   NoteHostCall();
-  return base_->Extend(old_size, new_size);
+  return inner()->Extend(old_size, new_size);
 }
 
 absl::Status AccountedFile::Reserve(uint64_t offset, uint64_t len) {
   NoteHostCall();
-  return base_->Reserve(offset, len);
+  return inner()->Reserve(offset, len);
 }
 
 absl::Status AccountedFile::Allocate(uint64_t offset, uint64_t len) {
   NoteHostCall();
-  return base_->Allocate(offset, len);
+  return inner()->Allocate(offset, len);
 }
 
 absl::Status AccountedFile::WriteZeroes(uint64_t offset, uint64_t len) {
   NoteHostCall();
-  return base_->WriteZeroes(offset, len);
+  return inner()->WriteZeroes(offset, len);
 }
 
 absl::Status AccountedFile::Discard(uint64_t offset, uint64_t len) {
   NoteHostCall();
-  return base_->Discard(offset, len);
+  return inner()->Discard(offset, len);
 }
 
 absl::StatusOr<bool> AccountedFile::DataRun(uint64_t offset, uint64_t max_len,
@@ -88,7 +85,7 @@ absl::StatusOr<bool> AccountedFile::DataRun(uint64_t offset, uint64_t max_len,
   // copy-on-write decision whether the layers below read as zeros, and
   // caches a backing file's answers; those made under the lock count.
   NoteHostCall();
-  return base_->DataRun(offset, max_len, len);
+  return inner()->DataRun(offset, max_len, len);
 }
 
 File* Unwrapped(File* f) {

@@ -19,18 +19,20 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "lib/io/forwarding_file.h"
 #include "qcow2/file.h"
 
 namespace qcow2::internal {
 
-// Forwards every File method to the file it owns, calling NoteHostCall()
-// once before each call that moves or changes bytes, or asks where data is:
-// reads, writes, flushes, size changes, reservations, zeroing, discards and
-// DataRun (SEEK_DATA; the calls IoStats::host_calls_under_lock documents).
-// Size() is forwarded uncounted (one fstat, asked when a layer opens and
-// when its file grows, not per request). name() and alignment() never reach the store.
-// Thread-safe as far as the file beneath is.
-class AccountedFile final : public File {
+// Forwards every File method to the file it owns (ForwardingFile),
+// calling NoteHostCall() once before each call that moves or changes bytes,
+// or asks where data is: reads, writes, flushes, size changes,
+// reservations, zeroing, discards and DataRun (SEEK_DATA; the calls
+// IoStats::host_calls_under_lock documents). Size() is forwarded uncounted
+// (one fstat, asked when a layer opens and when its file grows, not per
+// request). name() and alignment() never reach the store. Thread-safe as
+// far as the file beneath is.
+class AccountedFile final : public ForwardingFile {
  public:
   explicit AccountedFile(std::unique_ptr<File> base);
 
@@ -42,7 +44,7 @@ class AccountedFile final : public File {
   static std::unique_ptr<File> Wrap(std::unique_ptr<File> file);
 
   // The file beneath. Never null.
-  File* base() const { return base_.get(); }
+  File* base() const { return inner(); }
 
   absl::Status ReadAt(uint64_t offset, absl::Span<uint8_t> buf) override;
   absl::Status WriteAt(uint64_t offset,
@@ -50,7 +52,6 @@ class AccountedFile final : public File {
   absl::Status ReadvAt(uint64_t offset, absl::Span<const iovec> iov) override;
   absl::Status WritevAt(uint64_t offset, absl::Span<const iovec> iov) override;
   absl::Status Flush() override;
-  absl::StatusOr<uint64_t> Size() override;
   absl::Status Truncate(uint64_t size) override;
   absl::Status Extend(uint64_t old_size, uint64_t new_size) override;
   absl::Status Reserve(uint64_t offset, uint64_t len) override;
@@ -59,11 +60,6 @@ class AccountedFile final : public File {
   absl::Status Discard(uint64_t offset, uint64_t len) override;
   absl::StatusOr<bool> DataRun(uint64_t offset, uint64_t max_len,
                                uint64_t* len) override;
-  const std::string& name() const override { return base_->name(); }
-  uint32_t alignment() const override { return base_->alignment(); }
-
- private:
-  const std::unique_ptr<File> base_;
 };
 
 // The innermost file under any AccountedFile wrappers: code that needs the

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // A File that passes every call to the File it wraps, owned or borrowed.
 // Wrappers derive from it and override only the calls they watch or
-// change (test doubles in testing/; a borrowed file in lib/api/amend.cc).
+// change (AccountedFile; test doubles in testing/; a borrowed file in
+// lib/api/amend.cc).
 #ifndef QCOW2_LIB_IO_FORWARDING_FILE_H_
 #define QCOW2_LIB_IO_FORWARDING_FILE_H_
 
@@ -63,7 +64,7 @@ class ForwardingFile : public File {
   uint32_t alignment() const override { return inner_->alignment(); }
 
  protected:
-  File* inner() { return inner_; }
+  File* inner() const { return inner_; }
 
  private:
   std::unique_ptr<File> owned_;  // null when borrowed

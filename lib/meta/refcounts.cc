@@ -21,10 +21,8 @@ Refcounts::Refcounts(Params p)
       cluster_bits_(p.cluster_bits),
       cluster_size_(1ull << p.cluster_bits),
       refcount_order_(p.refcount_order),
-      block_entries_((1ull << p.cluster_bits) * 8 >> p.refcount_order),
-      max_refcount_(p.refcount_order == 6
-                        ? ~0ull
-                        : (1ull << (1u << p.refcount_order)) - 1),
+      block_entries_(RefcountBlockEntries(p.cluster_bits, p.refcount_order)),
+      max_refcount_(MaxRefcount(p.refcount_order)),
       table_offset_(p.table_offset),
       table_clusters_(p.table_clusters),
       table_(std::move(p.table)),
@@ -87,57 +85,9 @@ absl::Status Refcounts::CheckNotMetadata(uint64_t cluster,
                                  MetadataSet::Name(kind), why));
 }
 
-uint64_t Refcounts::ReadEntry(const uint8_t* block, uint64_t index) const {
-  switch (refcount_order_) {
-    case 0:
-    case 1:
-    case 2: {
-      const uint32_t bits = 1u << refcount_order_;
-      const uint64_t bit = index * bits;
-      return (block[bit / 8] >> (bit % 8)) & ((1u << bits) - 1);
-    }
-    case 3:
-      return block[index];
-    case 4:
-      return LoadBE16(block + index * 2);
-    case 5:
-      return LoadBE32(block + index * 4);
-    default:
-      return LoadBE64(block + index * 8);
-  }
-}
-
-void Refcounts::WriteEntry(uint8_t* block, uint64_t index,
-                           uint64_t value) const {
-  switch (refcount_order_) {
-    case 0:
-    case 1:
-    case 2: {
-      const uint32_t bits = 1u << refcount_order_;
-      const uint64_t bit = index * bits;
-      const uint8_t mask = static_cast<uint8_t>(((1u << bits) - 1) << (bit % 8));
-      block[bit / 8] = static_cast<uint8_t>((block[bit / 8] & ~mask) |
-                                            ((value << (bit % 8)) & mask));
-      break;
-    }
-    case 3:
-      block[index] = static_cast<uint8_t>(value);
-      break;
-    case 4:
-      StoreBE16(block + index * 2, static_cast<uint16_t>(value));
-      break;
-    case 5:
-      StoreBE32(block + index * 4, static_cast<uint32_t>(value));
-      break;
-    default:
-      StoreBE64(block + index * 8, value);
-      break;
-  }
-}
-
 void Refcounts::SetEntry(MetadataCache::Entry& block, uint64_t index,
                          uint64_t value) const {
-  WriteEntry(block.data.data(), index, value);
+  WriteRefcount(block.data.data(), refcount_order_, index, value);
   const uint64_t bit = index << refcount_order_;
   block.MarkDirty(static_cast<uint32_t>(bit / 8),
                   std::max<uint32_t>(1, (1u << refcount_order_) / 8));
@@ -163,7 +113,7 @@ absl::StatusOr<MetadataCache::Handle> Refcounts::BlockOf(uint64_t cluster,
 absl::StatusOr<uint64_t> Refcounts::Get(uint64_t cluster, bool may_defer) {
   ASSIGN_OR_RETURN(MetadataCache::Handle block, BlockOf(cluster, may_defer));
   if (block == nullptr) return 0;
-  return ReadEntry(block->data.data(), cluster % block_entries_);
+  return ReadRefcount(block->data.data(), refcount_order_, cluster % block_entries_);
 }
 
 bool Refcounts::Quarantined(uint64_t cluster, uint64_t n) const {
@@ -267,7 +217,7 @@ absl::StatusOr<bool> Refcounts::EnsureBlock(uint64_t cluster) {
     ASSIGN_OR_RETURN(MetadataCache::Handle block,
                      cache_.GetNew(b << cluster_bits_));
     if (idx_b == idx) {
-      WriteEntry(block->data.data(), b % block_entries_, 1);
+      WriteRefcount(block->data.data(), refcount_order_, b % block_entries_, 1);
     } else {
       RETURN_IF_ERROR(Update(b << cluster_bits_, cluster_size_, 1));
     }
@@ -326,7 +276,7 @@ absl::Status Refcounts::GrowTable(uint64_t needed_index) {
     std::fill(block.begin(), block.end(), 0);
     for (uint64_t c = std::max(place, idx * block_entries_);
          c < std::min(area_end, (idx + 1) * block_entries_); ++c) {
-      WriteEntry(block.data(), c % block_entries_, 1);
+      WriteRefcount(block.data(), refcount_order_, c % block_entries_, 1);
     }
     const uint64_t at = (place + table_clusters + j) << cluster_bits_;
     // Through the cache (written by its flush below): a block written into
@@ -385,7 +335,7 @@ absl::Status Refcounts::Update(uint64_t offset, uint64_t len, int64_t delta) {
     // Validates the table entry; one cache look-up for the read and the
     // write of the count.
     ASSIGN_OR_RETURN(MetadataCache::Handle block, BlockOf(c));
-    const uint64_t cur = ReadEntry(block->data.data(), c % block_entries_);
+    const uint64_t cur = ReadRefcount(block->data.data(), refcount_order_, c % block_entries_);
     uint64_t next;
     if (delta < 0 && cur < static_cast<uint64_t>(-delta)) {
       return Corrupt(absl::StrFormat(
@@ -446,7 +396,7 @@ absl::StatusOr<uint64_t> Refcounts::AllocateOneInBlock() {
   const uint64_t end = (idx + 1) * block_entries_;
   for (; c < end; ++c) {
     const uint64_t i = c % block_entries_;
-    if (ReadEntry(block->data.data(), i) != 0 || Quarantined(c, 1)) continue;
+    if (ReadRefcount(block->data.data(), refcount_order_, i) != 0 || Quarantined(c, 1)) continue;
     RETURN_IF_ERROR(CheckNotMetadata(c, "its refcount is 0"));
     if ((c + 1) << cluster_bits_ > kMaxHostOffset) return kNoCluster;
     SetEntry(*block, i, 1);

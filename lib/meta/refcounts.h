@@ -139,9 +139,8 @@ class Refcounts {
   // validated; a null handle when no block is allocated for it.
   absl::StatusOr<MetadataCache::Handle> BlockOf(uint64_t cluster,
                                                 bool may_defer = false);
-  uint64_t ReadEntry(const uint8_t* block, uint64_t index) const;
-  void WriteEntry(uint8_t* block, uint64_t index, uint64_t value) const;
-  // WriteEntry into a cached block, marking the bytes it changed dirty.
+  // WriteRefcount (lib/format/entries.h) into a cached block, marking the
+  // bytes it changed dirty.
   void SetEntry(MetadataCache::Entry& block, uint64_t index,
                 uint64_t value) const;
   absl::StatusOr<uint64_t> FindFree(uint64_t n);
