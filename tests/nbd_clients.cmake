@@ -42,3 +42,16 @@ set_tests_properties(nbd_kernel PROPERTIES
 # nbd_codec_test (a gtest like the others, globbed from *_test.cc): the
 # server's codec needs the server library too.
 target_link_libraries(nbd_codec_test PRIVATE qcow2_nbd_server qcow2_static)
+
+# nbd_backup (label "interop"): tests/nbd_backup_test.py, incremental
+# backup end to end through qemu:dirty-bitmap:b0 on `qcowtool serve
+# --bitmap b0` and `qemu-nbd -B b0` alike (~10 s). The system Python (for
+# python3-libnbd); skipped (77) without it, qemu-nbd or nbdinfo.
+if(QCOW2_SYSTEM_PYTHON3)
+  add_test(NAME nbd_backup
+    COMMAND ${QCOW2_SYSTEM_PYTHON3} ${CMAKE_CURRENT_SOURCE_DIR}/nbd_backup_test.py
+            $<TARGET_FILE:qcowtool>
+    WORKING_DIRECTORY ${CMAKE_BINARY_DIR})
+  set_tests_properties(nbd_backup PROPERTIES
+    LABELS interop TIMEOUT 300 SKIP_RETURN_CODE 77)
+endif()

@@ -54,6 +54,7 @@ constexpr char kUsage[] =
     "                      [--threads N] [--fork] [--pid-file FILE]\n"
     "                      [--direct] [--backing-root DIR] [-v]\n"
     "                      [--tls-creds DIR] [--tls-psk FILE] [--tls=MODE]\n"
+    "                      [--bitmap NAME]...\n"
     "                      [--nbdkit [--sync|--queue]] IMAGE\n"
     "\n"
     "Exports IMAGE and its backing chain over NBD. Clients: qemu-img and\n"
@@ -61,7 +62,8 @@ constexpr char kUsage[] =
     "nbdcopy, nbdsh, fio --ioengine=nbd, nbdfuse, a VMM (docs/serving.md).\n"
     "Every connection shares one open image, so multi-conn is offered;\n"
     "writes are durable after an NBD flush or a FUA write. Meta contexts:\n"
-    "base:allocation and qemu:allocation-depth. Runs in the foreground\n"
+    "base:allocation, qemu:allocation-depth and qemu:dirty-bitmap:NAME\n"
+    "for each --bitmap NAME. Runs in the foreground\n"
     "until SIGINT or SIGTERM (which stop accepting, finish the requests in\n"
     "flight, flush and close the image cleanly) unless --fork is given.\n"
     "The image stays locked against other writers while it is served.\n"
@@ -86,6 +88,9 @@ constexpr char kUsage[] =
     "                  host page cache, like qemu-nbd --cache=none)\n"
     "  -v, --verbose   log connections (with --nbdkit: nbdkit's debug\n"
     "                  messages)\n"
+    "  --bitmap NAME   export the image's persistent dirty bitmap NAME as\n"
+    "                  the meta context qemu:dirty-bitmap:NAME (repeatable;\n"
+    "                  as qemu-nbd -B), for incremental backup\n"
     "  --tls-creds DIR x509 credentials: DIR/ca-cert.pem, server-cert.pem,\n"
     "                  server-key.pem (as QEMU's tls-creds-x509)\n"
     "  --tls-psk FILE  pre-shared keys, psktool's format (as QEMU's\n"
@@ -120,6 +125,7 @@ struct ServeArgs {
   std::string tls_creds;
   std::string tls_psk;
   std::string tls;  // off, on, require; empty: from the credentials
+  std::vector<std::string> bitmaps;
   std::string format;
   bool read_only = false;
   bool force_share = false;
@@ -146,7 +152,7 @@ bool ParseCount(const char* text, int min, int max) {
 int ParseArgs(int argc, char** argv, ServeArgs* args) {
   enum {
     kSocket = 256, kPort, kExportName, kShared, kThreads, kFork, kPidFile,
-    kSync, kQueue, kDirect, kBind, kNbdkit, kTlsCreds, kTlsPsk, kTls
+    kSync, kQueue, kDirect, kBind, kNbdkit, kTlsCreds, kTlsPsk, kTls, kBitmap
   };
   static const option kOptions[] = {
       {"socket", required_argument, nullptr, kSocket},
@@ -156,6 +162,7 @@ int ParseArgs(int argc, char** argv, ServeArgs* args) {
       {"tls-creds", required_argument, nullptr, kTlsCreds},
       {"tls-psk", required_argument, nullptr, kTlsPsk},
       {"tls", required_argument, nullptr, kTls},
+      {"bitmap", required_argument, nullptr, kBitmap},
       {"format", required_argument, nullptr, 'f'},
       {"read-only", no_argument, nullptr, 'r'},
       {"export-name", required_argument, nullptr, kExportName},
@@ -199,6 +206,14 @@ int ParseArgs(int argc, char** argv, ServeArgs* args) {
         break;
       case kTlsPsk:
         args->tls_psk = optarg;
+        break;
+      case kBitmap:
+        if (std::find(args->bitmaps.begin(), args->bitmaps.end(), optarg) !=
+            args->bitmaps.end()) {
+          return UsageError(Usage(), absl::StrCat("--bitmap ", optarg,
+                                                  " given twice"));
+        }
+        args->bitmaps.push_back(optarg);
         break;
       case kTls:
         if (std::string(optarg) != "off" && std::string(optarg) != "on" &&
@@ -279,9 +294,10 @@ int ParseArgs(int argc, char** argv, ServeArgs* args) {
                                "threads call the library: they need --nbdkit");
   }
   const bool creds = !args->tls_creds.empty() || !args->tls_psk.empty();
-  if (args->nbdkit && (!args->bind.empty() || creds || !args->tls.empty())) {
-    return UsageError(Usage(),
-                      "--bind and TLS are not available with --nbdkit");
+  if (args->nbdkit && (!args->bind.empty() || creds || !args->tls.empty() ||
+                       !args->bitmaps.empty())) {
+    return UsageError(Usage(), "--bind, --bitmap and TLS are not available "
+                               "with --nbdkit");
   }
   if (args->tls.empty()) args->tls = creds ? "require" : "off";
   if (args->tls != "off" && !creds) {
@@ -434,6 +450,7 @@ nbd::ExportConfig ExportFor(const ServeArgs& a, Image& image) {
   cfg.name = a.export_name;
   cfg.size = image.size();
   cfg.read_only = a.read_only;
+  cfg.bitmaps = a.bitmaps;
   // The preferred block size stays 4 KiB, as qemu-nbd's: smaller writes
   // cost a read-modify-write in the host, larger ones nothing more here.
   const LayerInfo top = image.GetChainInfo().front();
@@ -445,6 +462,28 @@ nbd::ExportConfig ExportFor(const ServeArgs& a, Image& image) {
         top.extended_l2 ? top.cluster_size / 32 : top.cluster_size, 512);
   }
   return cfg;
+}
+
+// Every --bitmap names a bitmap of the image that can be trusted.
+absl::Status CheckBitmaps(const ServeArgs& a, const Image& image) {
+  if (a.bitmaps.empty()) return absl::OkStatus();
+  auto list = image.ListBitmaps();
+  if (!list.ok()) return list.status();
+  for (const std::string& name : a.bitmaps) {
+    auto it = std::find_if(list->begin(), list->end(),
+                           [&](const BitmapInfo& b) { return b.name == name; });
+    if (it == list->end()) {
+      return absl::NotFoundError(absl::StrCat(
+          "--bitmap ", name, ": ", a.image, " has no bitmap of that name "
+          "(qemu-img bitmap --add makes one)"));
+    }
+    if (it->in_use) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--bitmap ", name, ": the bitmap is in use in ", a.image,
+          " (not closed cleanly), its bits cannot be trusted"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 // The listening socket: the Unix socket, or TCP on --bind (default:
@@ -483,6 +522,7 @@ absl::Status WritePidFile(const std::string& path) {
 absl::Status ServeOwn(const ServeArgs& a, int ready) {
   auto image = Image::Open(a.image, ServeOpenOptions(a));
   if (!image.ok()) return image.status();
+  if (absl::Status s = CheckBitmaps(a, **image); !s.ok()) return s;
   auto fd = Listen(a);
   if (!fd.ok()) return fd.status();
   nbd::ServerOptions opts;

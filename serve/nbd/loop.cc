@@ -398,9 +398,14 @@ void Loop::BlockStatus(std::unique_ptr<Req> req) {
           flags = st->present ? st->depth + 1 : 0;
         }
       } else {
-        return conn->Reply(std::move(req), kEinval,
-                           "meta context " + Handshake::ContextName(cfg, id) +
-                               " cannot be read by this build");
+        const std::string& name = cfg.bitmaps[id - kContextFirstBitmap];
+        auto st = image_->GetBitmapStatus(name, pos, end - pos);
+        if (!st.ok()) {
+          return conn->Reply(std::move(req), NbdError(st.status()),
+                             std::string(st.status().message()));
+        }
+        len = st->length;
+        flags = st->dirty ? kStateDirty : 0;
       }
       if (len == 0) break;
       if (!extents.empty() && extents.back().flags == flags) {
