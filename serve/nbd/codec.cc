@@ -245,7 +245,7 @@ void Handshake::HandleInfo(uint32_t option, const uint8_t* data, uint32_t len,
   }
   bool want_name = false, want_description = false;
   for (uint16_t i = 0; i < count; ++i) {
-    uint16_t type;
+    uint16_t type = 0;  // r.left() was checked: each read succeeds
     r.U16(&type);
     want_name |= type == kInfoName;
     want_description |= type == kInfoDescription;
