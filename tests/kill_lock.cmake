@@ -6,11 +6,11 @@
 # writer; a new kind (another server) is one more line here.
 #
 # Default: 50 rounds of the io_uring O_DIRECT writer (the one that left
-# its locks behind before issue 48), 25 of each other kind: 150 in all,
-# about 2.5 minutes one after the other on a loaded 2-CPU machine, mostly
-# waiting (about 45 s of CPU). QCOW2_LONG_TESTS=1: 200 rounds of each. Skipped (exit 77) without
+# its locks behind before issue 48), 8 to 25 of each other kind: 143 in
+# all, about 4 minutes one after the other on a loaded 2-CPU machine,
+# mostly waiting (a vhost-user-blk round takes about 10 s). QCOW2_LONG_TESTS=1: 200 rounds of each. Skipped (exit 77) without
 # qemu-img and qemu-io, where the temporary directory refuses O_DIRECT
-# (the direct kinds), and for the servers without nbdkit or nbdcopy.
+# (the direct kinds), and for the NBD servers without nbdkit or nbdcopy.
 find_package(Python3 COMPONENTS Interpreter)
 if(Python3_Interpreter_FOUND)
   # kind, rounds, extra script flags, writer, client (servers only)
@@ -20,11 +20,19 @@ if(Python3_Interpreter_FOUND)
   set(kill_lock_kinds
       "direct|50|--needs-direct|${bench_writer} -t none {top}|"
       "pagecache|25||${bench_writer} -t writeback {top}|")
+  # The own NBD server (serve/nbd/), O_DIRECT and through the page cache.
+  list(APPEND kill_lock_kinds
+    "serve_direct|25|--needs-direct --needs nbdcopy|{qcowtool} serve --socket {socket} --direct {top}|${nbd_client}"
+    "serve_cached|15|--needs nbdcopy|{qcowtool} serve --socket {socket} {top}|${nbd_client}")
+  # The vhost-user-blk back-end (serve/vhost/), written by vhost_bench's
+  # front-end on two queues.
+  list(APPEND kill_lock_kinds
+    "serve_vhost|8||{qcowtool} serve --vhost-user-blk {socket} {top}|$<TARGET_FILE:vhost_bench> --socket {socket} --queues 2 --depth 32 --rw randwrite --seconds 60")
+  # The nbdkit plugin (`serve --nbdkit`), in its two threading modes.
   if(TARGET nbdkit_libqcow2_plugin)
     list(APPEND kill_lock_kinds
-      "serve_direct|25|--needs-direct --needs nbdkit --needs nbdcopy|{qcowtool} serve --socket {socket} --direct {top}|${nbd_client}"
-      "serve_queue|25|--needs nbdkit --needs nbdcopy|{qcowtool} serve --socket {socket} --queue {top}|${nbd_client}"
-      "serve_sync|25|--needs nbdkit --needs nbdcopy|{qcowtool} serve --socket {socket} --sync {top}|${nbd_client}")
+      "nbdkit_queue|10|--needs nbdkit --needs nbdcopy|{qcowtool} serve --nbdkit --socket {socket} --queue {top}|${nbd_client}"
+      "nbdkit_sync|10|--needs nbdkit --needs nbdcopy|{qcowtool} serve --nbdkit --socket {socket} --sync {top}|${nbd_client}")
   endif()
   foreach(kind ${kill_lock_kinds})
     string(REPLACE "|" ";" fields "${kind}")
