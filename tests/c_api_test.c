@@ -138,6 +138,45 @@ static void test_errors(void) {
   CHECK_OK(qcow2_image_close(ro, &err), err);
 }
 
+/* The _ex calls return the errno the NULL-returning ones drop: missing
+ * file, a second writer (QEMU's lock), a bad option, a bad queue depth;
+ * the handle is NULL on each failure, and set on success. */
+static void test_open_errnos(void) {
+  char* err = NULL;
+  char missing[4200];
+  snprintf(missing, sizeof missing, "%s/missing.qcow2", dir_path);
+  qcow2_image_t* img = (qcow2_image_t*)&err; /* not NULL: must be cleared */
+  EXPECT_ERROR(qcow2_image_open_ex(missing, NULL, &img, &err), -ENOENT, err,
+               "missing.qcow2");
+  CHECK(img == NULL);
+  EXPECT_ERROR(qcow2_image_open_ex(base_path, "colour=blue", &img, &err),
+               -EINVAL, err, "colour");
+  CHECK(img == NULL);
+  EXPECT_ERROR(qcow2_image_open_ex(base_path, NULL, NULL, &err), -EINVAL, err,
+               "out");
+
+  qcow2_image_t* writer = NULL;
+  CHECK_OK(qcow2_image_open_ex(base_path, "read-only=off", &writer, &err),
+           err);
+  if (writer == NULL) return;
+  EXPECT_ERROR(qcow2_image_open_ex(base_path, "read-only=off", &img, &err),
+               -EBUSY, err, "locked");
+  CHECK(img == NULL);
+
+  qcow2_queue_t* q = (qcow2_queue_t*)&err;
+  EXPECT_ERROR(qcow2_queue_create_ex(writer, 0, &q, &err), -EINVAL, err,
+               "depth 0");
+  CHECK(q == NULL);
+  EXPECT_ERROR(qcow2_queue_create_ex(writer, -3, &q, &err), -EINVAL, err,
+               "depth -3");
+  EXPECT_ERROR(qcow2_queue_create_ex(NULL, 4, &q, &err), -EINVAL, err,
+               "image");
+  CHECK_OK(qcow2_queue_create_ex(writer, 4, &q, &err), err);
+  CHECK(q != NULL);
+  qcow2_queue_destroy(q);
+  CHECK_OK(qcow2_image_close(writer, &err), err);
+}
+
 /* Runs the queue's requests to the end from an epoll loop over its
  * eventfd. Returns the completions seen. */
 static int serve(qcow2_queue_t* q, int expected, qcow2_completion_t* got) {
@@ -489,6 +528,7 @@ int main(int argc, char** argv) {
   model = calloc(SIZE, 1);
   test_chain();
   test_errors();
+  test_open_errnos();
   CHECK(qemu_agrees());
   test_live();
   free(model);

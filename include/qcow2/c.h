@@ -115,6 +115,15 @@ QCOW2_EXPORT qcow2_image_t* qcow2_image_open_opts(const char* path,
                                                   const char* options,
                                                   char** errptr);
 
+/* As qcow2_image_open_opts, returning the negative errno of a failure
+ * (-ENOENT no such file, -EBUSY locked by another process, -EINVAL bad
+ * option, -EACCES, -EIO malformed image ...), 0 on success. *out receives
+ * the handle, or NULL on failure; `out` must not be NULL (-EINVAL).
+ * qcow2_image_open and qcow2_image_open_opts are this call without the
+ * errno. */
+QCOW2_EXPORT int qcow2_image_open_ex(const char* path, const char* options,
+                                     qcow2_image_t** out, char** errptr);
+
 /* Flushes (when writable), marks the image clean and frees the handle,
  * failed or not: `img` must not be used afterwards. Returns the error of
  * the final flush, if any. NULL is a no-op. */
@@ -233,6 +242,13 @@ typedef struct qcow2_completion_t {
  * before the image is closed. */
 QCOW2_EXPORT qcow2_queue_t* qcow2_queue_create(qcow2_image_t* img, int depth,
                                                char** errptr);
+
+/* As qcow2_queue_create, returning the negative errno of a failure
+ * (-EINVAL for a NULL image or a depth below 1), 0 on success. *out
+ * receives the queue, or NULL on failure; `out` must not be NULL
+ * (-EINVAL). */
+QCOW2_EXPORT int qcow2_queue_create_ex(qcow2_image_t* img, int depth,
+                                       qcow2_queue_t** out, char** errptr);
 
 /* Waits for every request in flight (their completions are dropped) and
  * frees the queue. NULL is a no-op. */

@@ -221,16 +221,6 @@ absl::Status ApplyOpenOption(absl::string_view key, absl::string_view v,
   return absl::OkStatus();
 }
 
-qcow2_image_t* OpenImage(const char* path, const qcow2::OpenOptions& opts,
-                         char** errptr) {
-  auto image = qcow2::Image::Open(path, opts);
-  if (!image.ok()) {
-    Report(image.status(), errptr);
-    return nullptr;
-  }
-  return new qcow2_image_t{std::move(*image)};
-}
-
 // The live job options of a C caller (`in` may be NULL: the defaults;
 // only the fields inside in->size are read; zeros keep the defaults).
 int LiveOptions(const qcow2_live_options_t* in, qcow2::LiveJobOptions* out,
@@ -363,23 +353,32 @@ int qcow2_image_create(const char* path, const char* backing, uint64_t size,
 
 qcow2_image_t* qcow2_image_open(const char* path, int read_write,
                                 char** errptr) {
-  if (NullArg(path, "path", errptr)) return nullptr;
-  qcow2::OpenOptions opts;
-  opts.read_write = read_write != 0;
-  return OpenImage(path, opts, errptr);
+  qcow2_image_t* img = nullptr;
+  qcow2_image_open_ex(path, read_write != 0 ? "read-only=off" : nullptr, &img,
+                      errptr);
+  return img;
 }
 
 qcow2_image_t* qcow2_image_open_opts(const char* path, const char* options,
                                      char** errptr) {
-  if (NullArg(path, "path", errptr)) return nullptr;
+  qcow2_image_t* img = nullptr;
+  qcow2_image_open_ex(path, options, &img, errptr);
+  return img;
+}
+
+int qcow2_image_open_ex(const char* path, const char* options,
+                        qcow2_image_t** out, char** errptr) {
+  if (NullArg(out, "out", errptr)) return -EINVAL;
+  *out = nullptr;
+  if (NullArg(path, "path", errptr)) return -EINVAL;
   qcow2::OpenOptions opts;
   absl::Status s = qcow2::c_api::ParseOpenOptions(
       options, absl::StrCat("opening ", path), &opts);
-  if (!s.ok()) {
-    Report(s, errptr);
-    return nullptr;
-  }
-  return OpenImage(path, opts, errptr);
+  if (!s.ok()) return Report(s, errptr);
+  auto image = qcow2::Image::Open(path, opts);
+  if (!image.ok()) return Report(image.status(), errptr);
+  *out = new qcow2_image_t{std::move(*image)};
+  return 0;
 }
 
 int qcow2_image_close(qcow2_image_t* img, char** errptr) {
@@ -507,21 +506,28 @@ int qcow2_image_get_stats(const qcow2_image_t* img, qcow2_stats_t* out,
 
 qcow2_queue_t* qcow2_queue_create(qcow2_image_t* img, int depth,
                                   char** errptr) {
-  if (NullArg(img, "image", errptr)) return nullptr;
+  qcow2_queue_t* q = nullptr;
+  qcow2_queue_create_ex(img, depth, &q, errptr);
+  return q;
+}
+
+int qcow2_queue_create_ex(qcow2_image_t* img, int depth, qcow2_queue_t** out,
+                          char** errptr) {
+  if (NullArg(out, "out", errptr)) return -EINVAL;
+  *out = nullptr;
+  if (NullArg(img, "image", errptr)) return -EINVAL;
   if (depth <= 0) {
-    Invalid(errptr, absl::StrCat("queue depth ", depth, " is not positive"));
-    return nullptr;
+    return Invalid(errptr,
+                   absl::StrCat("queue depth ", depth, " is not positive"));
   }
   qcow2::QueueOptions opts;
   opts.depth = depth;
   auto queue = img->image->CreateQueue(opts);
-  if (!queue.ok()) {
-    Report(queue.status(), errptr);
-    return nullptr;
-  }
+  if (!queue.ok()) return Report(queue.status(), errptr);
   auto* q = new qcow2_queue_t;
   q->queue = std::move(*queue);
-  return q;
+  *out = q;
+  return 0;
 }
 
 void qcow2_queue_destroy(qcow2_queue_t* q) {

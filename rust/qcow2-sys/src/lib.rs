@@ -319,6 +319,13 @@ extern "C" {
         options: *const c_char,
         errptr: *mut *mut c_char,
     ) -> *mut qcow2_image_t;
+    /// As `qcow2_image_open_opts`, returning 0 or the negative errno; `*out` is the handle or null.
+    pub fn qcow2_image_open_ex(
+        path: *const c_char,
+        options: *const c_char,
+        out: *mut *mut qcow2_image_t,
+        errptr: *mut *mut c_char,
+    ) -> c_int;
     /// Flushes, marks clean and frees the handle, failed or not; returns the flush error.
     pub fn qcow2_image_close(img: *mut qcow2_image_t, errptr: *mut *mut c_char) -> c_int;
     /// Frees the handle with no error report; null is a no-op.
@@ -392,6 +399,13 @@ extern "C" {
         depth: c_int,
         errptr: *mut *mut c_char,
     ) -> *mut qcow2_queue_t;
+    /// As `qcow2_queue_create`, returning 0 or the negative errno; `*out` is the queue or null.
+    pub fn qcow2_queue_create_ex(
+        img: *mut qcow2_image_t,
+        depth: c_int,
+        out: *mut *mut qcow2_queue_t,
+        errptr: *mut *mut c_char,
+    ) -> c_int;
     /// Waits for every request in flight and frees the queue; null is a no-op.
     pub fn qcow2_queue_destroy(q: *mut qcow2_queue_t);
     /// The queue's eventfd (never close it), or a negative errno.

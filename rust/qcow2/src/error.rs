@@ -117,13 +117,6 @@ impl ErrPtr {
 
     /// The error for return code `rc` (negative errno), with the message
     /// the call stored, if any.
-    /// The error of a call that returned NULL: see [`errno_of_null_result`].
-    pub(crate) fn into_null_error(self) -> Error {
-        let mut e = self.into_error(-errno::EIO);
-        e.errno = errno_of_null_result(&e.message);
-        e
-    }
-
     pub(crate) fn into_error(self, rc: c_int) -> Error {
         let errno = rc.checked_neg().filter(|e| *e > 0).unwrap_or(errno::EIO);
         if self.0.is_null() {
@@ -143,34 +136,6 @@ impl Drop for ErrPtr {
             unsafe { qcow2_sys::qcow2_free(self.0.cast()) }
         }
     }
-}
-
-/// The errno of a failed `qcow2_image_open_opts` / `qcow2_queue_create`.
-///
-/// Those calls return NULL and a message but no errno (c.h gives none),
-/// so it is recovered from the message, as the library words it: the
-/// strerror text of a failed system call, QEMU's lock refusal, an option
-/// the parser refused. Anything else is `EIO`. To go when c.h gains an
-/// open that returns the errno.
-pub(crate) fn errno_of_null_result(message: &str) -> i32 {
-    const WORDINGS: [(&str, i32); 7] = [
-        ("No such file or directory", errno::ENOENT),
-        ("Permission denied", errno::EACCES),
-        ("Operation not permitted", errno::EPERM),
-        ("is locked by another process", errno::EBUSY),
-        ("unknown option", errno::EINVAL),
-        ("': expected ", errno::EINVAL),
-        ("is not key=value", errno::EINVAL),
-    ];
-    for (text, e) in WORDINGS {
-        if message.contains(text) {
-            return e;
-        }
-    }
-    if message.contains("queue depth") {
-        return errno::EINVAL;
-    }
-    errno::EIO
 }
 
 /// Runs one C call that takes `errptr` last and returns an int: Ok with

@@ -337,14 +337,14 @@ impl OpenOptions {
     pub fn open(&self, path: impl AsRef<Path>) -> Result<Image> {
         let path = path_c_string("path", path.as_ref())?;
         let options = self.options.to_c_string()?;
-        let mut err = crate::error::ErrPtr::new();
-        // SAFETY: NUL-terminated strings alive for the call.
-        let raw = unsafe {
-            qcow2_sys::qcow2_image_open_opts(path.as_ptr(), options.as_ptr(), err.as_mut_ptr())
-        };
-        match std::ptr::NonNull::new(raw) {
-            Some(raw) => Ok(Image::from_raw(raw)),
-            None => Err(err.into_null_error()),
-        }
+        let mut raw = ptr::null_mut();
+        // SAFETY: NUL-terminated strings alive for the call; `raw` is
+        // written by it (the handle, or null on failure).
+        check(|err| unsafe {
+            qcow2_sys::qcow2_image_open_ex(path.as_ptr(), options.as_ptr(), &mut raw, err)
+        })?;
+        let raw = std::ptr::NonNull::new(raw)
+            .ok_or_else(|| Error::new(errno::EIO, "qcow2_image_open_ex gave no handle"))?;
+        Ok(Image::from_raw(raw))
     }
 }

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //! [`Queue`]: asynchronous requests on an image, completions through an
 //! eventfd that drops into epoll, mio or tokio's `AsyncFd`.
-use crate::error::{errno, ErrPtr, Error, Result};
+use crate::error::{check, errno, ErrPtr, Error, Result};
 use crate::image::Image;
 use qcow2_sys as sys;
 use std::fs::File;
@@ -210,10 +210,12 @@ impl<'img, B: IoBuf> Queue<'img, B> {
     fn create(image: ImageRef<'img>, depth: u32) -> Result<Queue<'img, B>> {
         let depth = i32::try_from(depth)
             .map_err(|_| Error::new(errno::EINVAL, format!("queue depth {} is too large", depth)))?;
-        let mut err = ErrPtr::new();
-        // SAFETY: a live image handle.
-        let raw = unsafe { sys::qcow2_queue_create(image.get().as_raw(), depth, err.as_mut_ptr()) };
-        let raw = NonNull::new(raw).ok_or_else(|| err.into_null_error())?;
+        let mut raw = ptr::null_mut();
+        // SAFETY: a live image handle; `raw` is written by the call (the
+        // queue, or null on failure).
+        check(|err| unsafe { sys::qcow2_queue_create_ex(image.get().as_raw(), depth, &mut raw, err) })?;
+        let raw = NonNull::new(raw)
+            .ok_or_else(|| Error::new(errno::EIO, "qcow2_queue_create_ex gave no queue"))?;
         // The notifier exists from the start, so that submits go to the
         // kernel at once and the fd can be handed out infallibly.
         // SAFETY: a live queue handle.

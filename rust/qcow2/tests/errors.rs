@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 //! One error case each: a missing file, a write to a read-only image, a
-//! bad option, a second writer refused by QEMU's lock; each with the
-//! errno to branch on and a message naming what is wrong.
+//! bad option, a second writer refused by QEMU's lock, a queue of depth 0;
+//! each with the errno the library returned (the open and queue calls
+//! too: qcow2_image_open_ex, qcow2_queue_create_ex) and a message naming
+//! what is wrong.
 mod support;
 
 use qcow2::{errno, CreateOptions, Image, OpenOptions};
@@ -76,4 +78,19 @@ fn second_writer_is_refused_by_the_lock() {
     first.close().unwrap();
     let (ok, out) = qemu_io_c(&path, &["write 0 512"]);
     assert!(ok, "{}", out);
+}
+
+#[test]
+fn queue_of_depth_zero_is_einval() {
+    let dir = TempDir::new("depth0");
+    let path = dir.path("d.qcow2");
+    qemu_img(&["create", "-q", "-f", "qcow2", path.to_str().unwrap(), "1M"]);
+    let image = Image::open(&path).unwrap();
+    let refused: qcow2::Result<qcow2::Queue> = image.queue(0);
+    let e = refused.map(|_| ()).unwrap_err();
+    eprintln!("{:?}", e);
+    assert_eq!(e.errno(), errno::EINVAL);
+    assert!(e.message().contains("depth 0"), "{}", e);
+    let queue: qcow2::Result<qcow2::Queue> = image.queue(1);
+    assert!(queue.is_ok());
 }
