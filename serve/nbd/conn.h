@@ -123,7 +123,6 @@ class Conn {
   size_t out_bytes_ = 0;
   std::vector<iovec> iov_;
   msghdr msg_{};
-  size_t send_len_ = 0;
 
   int inflight_ = 0;
   size_t buf_bytes_ = 0;  // payload buffers of this connection's requests
