@@ -60,6 +60,7 @@ set(QCOW2_LIB_SOURCES
   ${PROJECT_SOURCE_DIR}/lib/crypto/algorithms.cc
   ${PROJECT_SOURCE_DIR}/lib/crypto/luks_header.cc
   ${PROJECT_SOURCE_DIR}/lib/crypto/luks_keys.cc
+  ${PROJECT_SOURCE_DIR}/lib/crypto/luks_volume.cc
   ${PROJECT_SOURCE_DIR}/lib/crypto/sector_cipher.cc
   ${PROJECT_SOURCE_DIR}/lib/format/bitmaps.cc
   ${PROJECT_SOURCE_DIR}/lib/format/compress.cc

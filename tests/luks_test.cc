@@ -21,6 +21,7 @@
 #include "lib/base/endian.h"
 #include "lib/crypto/luks_header.h"
 #include "lib/crypto/luks_keys.h"
+#include "lib/crypto/luks_volume.h"
 #include "lib/crypto/sector_cipher.h"
 #include "lib/format/crypto_ext.h"
 #include "lib/format/header.h"
@@ -391,22 +392,29 @@ void CheckBothWays(const std::string& path) {
   ASSERT_EQ(w.exit_code, 0) << w.err << w.out;
   Parsed p;
   ASSERT_NO_FATAL_FAILURE(ParseImage(path, &p));
-  ASSERT_OK_AND_ASSIGN(LuksHeader h, DecodeLuksHeader(p.area(), path));
-  ASSERT_OK_AND_ASSIGN(SecureBuffer key, UnlockLuks(h, p.area(), Bytes(kPass), path));
-  ASSERT_OK_AND_ASSIGN(auto cipher, SectorCipher::Create(h.spec, key.span()));
+  ASSERT_OK_AND_ASSIGN(auto volume,
+                       LuksVolume::Open(p.area(), Bytes(kPass), path));
 
   // QEMU -> us: the IV sector is the host offset / 512.
   const uint64_t host0 = HostOffset(p, 0);
   ASSERT_NE(host0, 0u);
   std::vector<uint8_t> data(p.file.begin() + host0, p.file.begin() + host0 + kCluster);
-  ASSERT_OK(cipher->Decrypt(host0 / 512, absl::MakeSpan(data)));
+  ASSERT_OK(volume->Decrypt(host0, absl::MakeSpan(data)));
+  // Decrypting as if at another offset gives garbage (ECB has no IV).
+  std::vector<uint8_t> elsewhere(p.file.begin() + host0, p.file.begin() + host0 + kCluster);
+  ASSERT_OK(volume->Decrypt(host0 + kCluster, absl::MakeSpan(elsewhere)));
+  if (volume->header().spec.mode != CipherMode::kEcb) {
+    EXPECT_TRUE(elsewhere != std::vector<uint8_t>(kCluster, 0xab));
+  }
+  EXPECT_EQ(volume->Decrypt(host0 + 1, absl::MakeSpan(elsewhere)).code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(data, std::vector<uint8_t>(kCluster, 0xab));
 
   // us -> QEMU: encrypt 0xcd into the second cluster's host bytes.
   const uint64_t host1 = HostOffset(p, kCluster);
   ASSERT_NE(host1, 0u);
   std::vector<uint8_t> mine(kCluster, 0xcd);
-  ASSERT_OK(cipher->Encrypt(host1 / 512, absl::MakeSpan(mine)));
+  ASSERT_OK(volume->Encrypt(host1, absl::MakeSpan(mine)));
   std::copy(mine.begin(), mine.end(), p.file.begin() + host1);
   ASSERT_OK(WriteFileBytes(path, p.file));
   CommandResult r = QemuIo(path, "read -P 0xcd 64k 64k");
@@ -498,6 +506,34 @@ TEST(LuksQemuTest, QemuCreatedAllCombos) {
     SCOPED_TRACE(ComboName(c));
     RunQemuCreated(c, false);
   }
+}
+
+// Legacy AES-CBC (crypt_method 1): qemu-img 7.2 still creates it (its
+// tools read and write it; its system emulators refuse to open it). We
+// refuse it and say so.
+TEST(LuksQemuTest, LegacyAesIsRefusedWithQemusStance) {
+  SKIP_WITHOUT_QEMU();
+  TempDir dir;
+  const std::string path = dir.File("aes.qcow2");
+  std::vector<std::string> argv = {"qemu-img", "create", "-q"};
+  for (auto& a : SecretArgs()) argv.push_back(a);
+  for (auto a : {"-f", "qcow2", "-o", "encrypt.format=aes,encrypt.key-secret=s0",
+                 path.c_str(), "1M"}) {
+    argv.push_back(a);
+  }
+  CommandResult r = ::qcow2::testing::Run(argv);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> file, ReadFileBytes(path));
+  ASSERT_OK_AND_ASSIGN(Header h,
+                       DecodeHeader(absl::MakeConstSpan(file).first(kCluster), path));
+  EXPECT_EQ(h.crypt_method, kCryptAes);
+  // No crypto header extension for AES.
+  ASSERT_OK_AND_ASSIGN(auto ext, DecodeCryptoExtension(h, file.size(), path));
+  EXPECT_FALSE(ext.has_value());
+  absl::Status s = CheckFeatures(h, path);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("legacy AES-CBC"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("system emulators refuse it"));
 }
 
 }  // namespace
