@@ -176,6 +176,22 @@ TEST(LuksTest, CreateParseUnlock) {
   EXPECT_TRUE(std::equal(key.data(), key.data() + key.size(), a.master_key.data()));
 }
 
+// Iterations measured as QEMU measures them (thread CPU time of PBKDF2 on
+// the real inputs, at least half a second per count): never below
+// QEMU's floor of 1000, and the slot opens with them. Seconds of CPU, as
+// in qemu-img: behind QCOW2_LONG_TESTS.
+TEST(LuksTest, MeasuredIterations) {
+  if (!LongTests()) GTEST_SKIP() << "QCOW2_LONG_TESTS=1 measures PBKDF2";
+  LuksCreateOptions o = FastOptions("aes-128", "xts", "plain64");
+  o.slot_iterations = o.digest_iterations = 0;
+  o.iter_time_ms = 10;
+  ASSERT_OK_AND_ASSIGN(LuksArea a, CreateLuks(o, Bytes(kPass)));
+  EXPECT_GE(a.header.slots[0].iterations, 1000u);
+  EXPECT_GE(a.header.mk_digest_iterations, 1000u);
+  ASSERT_OK_AND_ASSIGN(LuksHeader h, DecodeLuksHeader(a.bytes, "t"));
+  EXPECT_OK(UnlockLuks(h, a.bytes, Bytes(kPass), "t").status());
+}
+
 TEST(LuksTest, WrongPassphraseIsAClearError) {
   ASSERT_OK_AND_ASSIGN(LuksArea a,
                        CreateLuks(FastOptions("aes-128", "cbc", "essiv"),
