@@ -524,6 +524,51 @@ TEST(LuksQemuTest, QemuCreatedAllCombos) {
   }
 }
 
+// Key slots added and erased by us, judged by qemu-io: a new secret opens
+// the image, an erased one no longer does, the last slot is kept.
+TEST(LuksQemuTest, AddAndEraseKeySlots) {
+  SKIP_WITHOUT_QEMU();
+  ASSERT_OK_AND_ASSIGN(LuksArea a,
+                       CreateLuks(FastOptions("aes-256", "xts", "plain64"),
+                                  Bytes(kPass)));
+  LuksHeader& h = a.header;
+  auto area = absl::MakeSpan(a.bytes);
+  ASSERT_OK_AND_ASSIGN(size_t used, AddKeySlot(h, area, a.master_key.span(),
+                                               Bytes("second"), std::nullopt, 0, 1000));
+  EXPECT_EQ(used, 1u);
+  EXPECT_EQ(AddKeySlot(h, area, a.master_key.span(), Bytes("x"), 1, 0, 1000)
+                .status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_OK_AND_ASSIGN(used, AddKeySlot(h, area, a.master_key.span(),
+                                        Bytes("third"), 5, 0, 1000));
+  EXPECT_EQ(used, 5u);
+  ASSERT_OK(EraseKeySlot(h, area, 0));
+
+  TempDir dir;
+  const std::string path = dir.File("slots.qcow2");
+  ASSERT_NO_FATAL_FAILURE(MakeImageWithArea(path, a));
+  auto open_with = [&](const char* secret) {
+    return ::qcow2::testing::Run(
+        {"qemu-io", "--object", absl::StrCat("secret,id=s0,data=", secret),
+         "--image-opts", ImageOpts(path), "-c", "read 0 512"});
+  };
+  EXPECT_EQ(open_with("second").exit_code, 0) << open_with("second").err;
+  EXPECT_EQ(open_with("third").exit_code, 0);
+  CommandResult old = open_with(kPass);
+  EXPECT_NE(old.exit_code, 0);
+  EXPECT_THAT(old.err, HasSubstr("Invalid password"));
+  // Ours agrees, slot by slot.
+  Parsed p;
+  ASSERT_NO_FATAL_FAILURE(ParseImage(path, &p));
+  ASSERT_OK_AND_ASSIGN(LuksHeader back, DecodeLuksHeader(p.area(), path));
+  auto wrong = UnlockLuks(back, p.area(), Bytes(kPass), "img");
+  EXPECT_THAT(std::string(wrong.status().message()),
+              HasSubstr("LUKS key slots 1, 5"));
+  EXPECT_OK(UnlockLuks(back, p.area(), Bytes("third"), "img").status());
+  ASSERT_OK(EraseKeySlot(h, area, 1));
+  EXPECT_EQ(EraseKeySlot(h, area, 5).code(), absl::StatusCode::kFailedPrecondition);
+}
+
 // Legacy AES-CBC (crypt_method 1): qemu-img 7.2 still creates it (its
 // tools read and write it; its system emulators refuse to open it). We
 // refuse it and say so.

@@ -103,6 +103,39 @@ absl::StatusOr<bool> TrySlot(const LuksHeader& h, const LuksKeySlot& s,
   return match;
 }
 
+// Enables slot `i` of `h` for `secret`: a new salt, iterations (fixed,
+// or measured for iter_time_ms), and the AF-split master key encrypted
+// with the secret's PBKDF2 key, written at the slot's key_offset in
+// `area`. The caller re-encodes the header.
+absl::Status FillSlot(LuksHeader& h, size_t i,
+                      absl::Span<const uint8_t> master_key,
+                      absl::Span<const uint8_t> secret, uint32_t iterations,
+                      uint32_t iter_time_ms, absl::Span<uint8_t> area) {
+  LuksKeySlot& s = h.slots[i];
+  const uint64_t off = uint64_t{s.key_offset} * kLuksSectorSize;
+  if (off + SlotMaterialBytes(h, s) > area.size()) {
+    return absl::DataLossError(absl::StrCat(
+        "LUKS key slot ", i, " material lies past the area"));
+  }
+  RETURN_IF_ERROR(RandomBytes(absl::MakeSpan(s.salt)));
+  if (iterations != 0) {
+    s.iterations = iterations;
+  } else {
+    ASSIGN_OR_RETURN(uint64_t rate,
+                     IterationsPerSecond(*h.hash, secret, s.salt, h.key_bytes));
+    ASSIGN_OR_RETURN(s.iterations, ScaledIterations(rate, iter_time_ms, 1));
+  }
+  SecureBuffer slot_key(h.key_bytes);
+  Pbkdf2(*h.hash, secret, s.salt, s.iterations, slot_key.span());
+  SecureBuffer split(SlotMaterialBytes(h, s));
+  RETURN_IF_ERROR(AfSplit(*h.hash, master_key, s.stripes, split.span()));
+  ASSIGN_OR_RETURN(auto cipher, SectorCipher::Create(h.spec, slot_key.span()));
+  RETURN_IF_ERROR(cipher->Encrypt(0, split.span()));
+  std::copy_n(split.data(), split.size(), area.begin() + off);
+  s.active = kLuksSlotEnabled;
+  return absl::OkStatus();
+}
+
 std::string NewUuid(const uint8_t r[16]) {
   uint8_t u[16];
   memcpy(u, r, 16);
@@ -250,31 +283,76 @@ absl::StatusOr<LuksArea> CreateLuks(const LuksCreateOptions& o,
   Pbkdf2(*h.hash, a.master_key.span(), h.mk_digest_salt,
          h.mk_digest_iterations, absl::MakeSpan(h.mk_digest));
 
-  // Slot 0: the secret's key encrypts the split master key.
-  LuksKeySlot& s = h.slots[0];
-  s.active = kLuksSlotEnabled;
-  RETURN_IF_ERROR(RandomBytes(absl::MakeSpan(s.salt)));
-  if (o.slot_iterations != 0) {
-    s.iterations = o.slot_iterations;
-  } else {
-    ASSIGN_OR_RETURN(uint64_t rate, IterationsPerSecond(*h.hash, secret, s.salt,
-                                                        h.key_bytes));
-    ASSIGN_OR_RETURN(s.iterations, ScaledIterations(rate, o.iter_time_ms, 1));
-  }
-  SecureBuffer slot_key(h.key_bytes);
-  Pbkdf2(*h.hash, secret, s.salt, s.iterations, slot_key.span());
-  SecureBuffer split(SlotMaterialBytes(h, s));
-  RETURN_IF_ERROR(
-      AfSplit(*h.hash, a.master_key.span(), s.stripes, split.span()));
-  ASSIGN_OR_RETURN(auto cipher, SectorCipher::Create(h.spec, slot_key.span()));
-  RETURN_IF_ERROR(cipher->Encrypt(0, split.span()));
-
   a.bytes.assign(uint64_t{h.payload_offset} * kLuksSectorSize, 0);
+  RETURN_IF_ERROR(FillSlot(h, 0, a.master_key.span(), secret,
+                           o.slot_iterations, o.iter_time_ms,
+                           absl::MakeSpan(a.bytes)));
   std::vector<uint8_t> hdr = EncodeLuksHeader(h);
   std::copy(hdr.begin(), hdr.end(), a.bytes.begin());
-  std::copy_n(split.data(), split.size(),
-              a.bytes.begin() + uint64_t{s.key_offset} * kLuksSectorSize);
   return a;
+}
+
+absl::StatusOr<size_t> AddKeySlot(LuksHeader& h, absl::Span<uint8_t> area,
+                                  absl::Span<const uint8_t> master_key,
+                                  absl::Span<const uint8_t> secret,
+                                  std::optional<size_t> slot,
+                                  uint32_t iter_time_ms, uint32_t iterations) {
+  if (master_key.size() != h.key_bytes) {
+    return absl::InvalidArgumentError("master key has the wrong length");
+  }
+  size_t i = 0;
+  if (slot) {
+    if (*slot >= kLuksNumSlots) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("key slot ", *slot, " does not exist (0..7)"));
+    }
+    if (h.slots[*slot].enabled()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("key slot ", *slot, " is already in use"));
+    }
+    i = *slot;
+  } else {
+    while (i < kLuksNumSlots && h.slots[i].enabled()) ++i;
+    if (i == kLuksNumSlots) {
+      return absl::ResourceExhaustedError("all 8 LUKS key slots are in use");
+    }
+  }
+  RETURN_IF_ERROR(
+      FillSlot(h, i, master_key, secret, iterations, iter_time_ms, area));
+  std::vector<uint8_t> hdr = EncodeLuksHeader(h);
+  std::copy(hdr.begin(), hdr.end(), area.begin());
+  return i;
+}
+
+absl::Status EraseKeySlot(LuksHeader& h, absl::Span<uint8_t> area,
+                          size_t slot) {
+  if (slot >= kLuksNumSlots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("key slot ", slot, " does not exist (0..7)"));
+  }
+  size_t enabled = 0;
+  for (const LuksKeySlot& s : h.slots) enabled += s.enabled();
+  if (h.slots[slot].enabled() && enabled == 1) {
+    return absl::FailedPreconditionError(
+        "refusing to erase the last enabled LUKS key slot (the image would "
+        "be unreadable)");
+  }
+  LuksKeySlot& s = h.slots[slot];
+  // Overwrite the material with random bytes, so the old secret no longer
+  // yields the master key even from a copy of this area.
+  const uint64_t off = uint64_t{s.key_offset} * kLuksSectorSize;
+  const uint64_t len = SlotMaterialBytes(h, s);
+  if (off + len > area.size()) {
+    return absl::DataLossError(absl::StrCat(
+        "LUKS key slot ", slot, " material lies past the area"));
+  }
+  RETURN_IF_ERROR(RandomBytes(area.subspan(off, len)));
+  s.active = kLuksSlotDisabled;
+  s.iterations = 0;
+  s.salt.fill(0);
+  std::vector<uint8_t> hdr = EncodeLuksHeader(h);
+  std::copy(hdr.begin(), hdr.end(), area.begin());
+  return absl::OkStatus();
 }
 
 }  // namespace qcow2::internal

@@ -13,6 +13,7 @@
 #define QCOW2_LIB_CRYPTO_LUKS_KEYS_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,25 @@ absl::StatusOr<CipherSpec> CipherSpecFromOptions(const LuksCreateOptions& o);
 // (thread CPU time), at least 1000.
 absl::StatusOr<LuksArea> CreateLuks(const LuksCreateOptions& o,
                                     absl::Span<const uint8_t> secret);
+
+// Key-slot amendment (QEMU 7.2's `qemu-img amend -o encrypt.state=active,
+// encrypt.new-secret=ID[,encrypt.keyslot=N]` and `state=inactive`). Both
+// update `h` and rewrite its 592 bytes at the start of `area`.
+//
+// AddKeySlot enables slot `slot` (or the first free one) for `secret`,
+// protecting `master_key` (from UnlockLuks); iterations fixed, or measured
+// for iter_time_ms when 0. Returns the slot used; kFailedPrecondition when
+// that slot is in use, kResourceExhausted when all are.
+absl::StatusOr<size_t> AddKeySlot(LuksHeader& h, absl::Span<uint8_t> area,
+                                  absl::Span<const uint8_t> master_key,
+                                  absl::Span<const uint8_t> secret,
+                                  std::optional<size_t> slot,
+                                  uint32_t iter_time_ms, uint32_t iterations);
+
+// EraseKeySlot disables `slot` and overwrites its key material with random
+// bytes. Refuses (kFailedPrecondition) to erase the last enabled slot.
+absl::Status EraseKeySlot(LuksHeader& h, absl::Span<uint8_t> area,
+                          size_t slot);
 
 }  // namespace qcow2::internal
 
