@@ -30,14 +30,6 @@
 
 namespace qcow2::internal {
 
-std::vector<FeatureName> QemuFeatureNames(uint64_t cluster_size) {
-  if (cluster_size <= 4096) return {};
-  return {{0, 0, "dirty bit"},          {0, 1, "corrupt bit"},
-          {0, 2, "external data file"}, {0, 3, "compression type"},
-          {0, 4, "extended L2 entries"}, {1, 0, "lazy refcounts"},
-          {2, 0, "bitmaps"},            {2, 1, "raw external data"}};
-}
-
 absl::Status AmendTarget::Load() {
   ASSIGN_OR_RETURN(file_size, file->Size());
   // cluster_bits (bytes 20..23) says how much of the file is cluster 0;

@@ -24,10 +24,6 @@
 
 namespace qcow2::internal {
 
-// The feature-name table QEMU writes into a version 3 header: none for
-// clusters of 4 KiB or less (qemu-img create and amend leave it out).
-std::vector<FeatureName> QemuFeatureNames(uint64_t cluster_size);
-
 // Sets the virtual size of the image in the file (the layer above the
 // driver does it through an Image over the same file).
 using AmendResizer = std::function<absl::Status(uint64_t new_size)>;
