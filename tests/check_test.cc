@@ -6,7 +6,7 @@
 // counters and the same exit code, and `-r leaks` / `-r all` must repair
 // what QEMU's repairs do, leaving images that `qemu-img check` finds clean
 // and whose guest data is unchanged.
-#include "lib/driver/check.h"
+#include "lib/check/check.h"
 
 #include <unistd.h>
 

@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "lib/base/status_macros.h"
 #include "lib/chain/chain.h"
-#include "lib/driver/make_empty.h"
+#include "lib/ops/make_empty.h"
 #include "lib/driver/qcow2_layer.h"
 #include "lib/io/accounted_file.h"
 #include "lib/ops/chunk_runner.h"

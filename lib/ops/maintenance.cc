@@ -5,7 +5,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
-#include "lib/driver/check.h"
+#include "lib/check/check.h"
 #include "lib/format/compress.h"
 #include "qcow2/maintenance.h"
 

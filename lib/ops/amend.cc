@@ -11,7 +11,7 @@
 //   6. the virtual size (through the caller's resizer: Image::Resize);
 //   7. downgrade to version 2: zero clusters expanded (amend_zeros.cc),
 //      then cluster 0 rewritten without the version 3 fields.
-#include "lib/driver/amend.h"
+#include "lib/ops/amend.h"
 
 #include <algorithm>
 #include <string>
@@ -23,7 +23,7 @@
 #include "lib/base/events.h"
 #include "lib/base/math.h"
 #include "lib/base/status_macros.h"
-#include "lib/driver/check.h"
+#include "lib/check/check.h"
 #include "lib/driver/snapshots.h"
 #include "lib/format/entries.h"
 #include "lib/meta/refcounts.h"

@@ -22,7 +22,7 @@
 #include "lib/base/endian.h"
 #include "lib/base/math.h"
 #include "lib/base/status_macros.h"
-#include "lib/driver/check.h"
+#include "lib/check/check.h"
 #include "lib/format/entries.h"
 #include "lib/format/header.h"
 #include "lib/format/snapshot_table.h"

@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "lib/base/endian.h"
 #include "lib/base/status_macros.h"
-#include "lib/driver/amend.h"
+#include "lib/ops/amend.h"
 #include "lib/format/header.h"
 #include "lib/io/forwarding_file.h"
 #include "qcow2/amend.h"
