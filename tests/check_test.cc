@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Tests for the refcount checker (lib/driver/check.{h,cc}) and
+// Tests for the refcount checker (lib/check/check.{h,cc}) and
 // `qcowtool check` (tools/cmd_check.cc), with `qemu-img check` as the
 // oracle: images built by qemu-img/qemu-io must check clean with the same
 // figures; images damaged byte by byte must get the same verdict, the same

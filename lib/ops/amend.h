@@ -7,8 +7,8 @@
 // one header write (docs/crash-consistency.md, "Amend").
 //
 // Not thread-safe; the caller holds the file's write lock.
-#ifndef QCOW2_LIB_DRIVER_AMEND_H_
-#define QCOW2_LIB_DRIVER_AMEND_H_
+#ifndef QCOW2_LIB_OPS_AMEND_H_
+#define QCOW2_LIB_OPS_AMEND_H_
 
 #include <cstdint>
 #include <functional>
@@ -83,4 +83,4 @@ absl::Status ExpandZeroClusters(AmendTarget* t);
 
 }  // namespace qcow2::internal
 
-#endif  // QCOW2_LIB_DRIVER_AMEND_H_
+#endif  // QCOW2_LIB_OPS_AMEND_H_

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // AmendImage: opens the file read-write with QEMU's image locks and hands
-// it to the driver's amend (lib/driver/amend.h). A new size is set by an
+// it to amend's surgery (lib/ops/amend.h). A new size is set by an
 // Image opened over the same (already locked) file, so that growing and
 // shrinking go through Image::Resize.
 #include <memory>
