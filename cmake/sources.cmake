@@ -3,7 +3,6 @@
 # a file is built because it is named here). tests/sources_check.py
 # fails the suite when a .cc under lib/ or tools/ is missing from here.
 set(QCOW2_LIB_SOURCES
-  ${PROJECT_SOURCE_DIR}/lib/api/amend.cc
   ${PROJECT_SOURCE_DIR}/lib/api/c.cc
   ${PROJECT_SOURCE_DIR}/lib/api/c_maintenance.cc
   ${PROJECT_SOURCE_DIR}/lib/api/create.cc
@@ -20,20 +19,16 @@ set(QCOW2_LIB_SOURCES
   ${PROJECT_SOURCE_DIR}/lib/chain/chain_live.cc
   ${PROJECT_SOURCE_DIR}/lib/chain/chain_write.cc
   ${PROJECT_SOURCE_DIR}/lib/chain/probe_guard.cc
-  ${PROJECT_SOURCE_DIR}/lib/driver/amend.cc
-  ${PROJECT_SOURCE_DIR}/lib/driver/amend_refcounts.cc
-  ${PROJECT_SOURCE_DIR}/lib/driver/amend_zeros.cc
+  ${PROJECT_SOURCE_DIR}/lib/check/check.cc
+  ${PROJECT_SOURCE_DIR}/lib/check/check_compare.cc
+  ${PROJECT_SOURCE_DIR}/lib/check/check_repair.cc
+  ${PROJECT_SOURCE_DIR}/lib/check/check_scan.cc
+  ${PROJECT_SOURCE_DIR}/lib/check/check_snapshots.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/bitmaps.cc
-  ${PROJECT_SOURCE_DIR}/lib/driver/check.cc
-  ${PROJECT_SOURCE_DIR}/lib/driver/check_compare.cc
-  ${PROJECT_SOURCE_DIR}/lib/driver/check_repair.cc
-  ${PROJECT_SOURCE_DIR}/lib/driver/check_scan.cc
-  ${PROJECT_SOURCE_DIR}/lib/driver/check_snapshots.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/extent_reader.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/flush_sequencer.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/header_writer.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/host_space.cc
-  ${PROJECT_SOURCE_DIR}/lib/driver/make_empty.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/metadata_guard.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/pending_clusters.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/qcow2_layer.cc
@@ -77,9 +72,14 @@ set(QCOW2_LIB_SOURCES
   ${PROJECT_SOURCE_DIR}/lib/meta/metadata_cache.cc
   ${PROJECT_SOURCE_DIR}/lib/meta/refcounts.cc
   ${PROJECT_SOURCE_DIR}/lib/meta/write_back_file.cc
+  ${PROJECT_SOURCE_DIR}/lib/ops/amend.cc
+  ${PROJECT_SOURCE_DIR}/lib/ops/amend_image.cc
+  ${PROJECT_SOURCE_DIR}/lib/ops/amend_refcounts.cc
+  ${PROJECT_SOURCE_DIR}/lib/ops/amend_zeros.cc
   ${PROJECT_SOURCE_DIR}/lib/ops/chunk_runner.cc
   ${PROJECT_SOURCE_DIR}/lib/ops/commit.cc
   ${PROJECT_SOURCE_DIR}/lib/ops/host_probe.cc
+  ${PROJECT_SOURCE_DIR}/lib/ops/make_empty.cc
   ${PROJECT_SOURCE_DIR}/lib/ops/maintenance.cc
   ${PROJECT_SOURCE_DIR}/lib/ops/measure.cc
   ${PROJECT_SOURCE_DIR}/lib/ops/rebase.cc

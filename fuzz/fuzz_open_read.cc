@@ -39,7 +39,7 @@
 #include "absl/status/status.h"
 #include "fuzz/fuzz_util.h"
 #include "testing/memory_file.h"
-#include "lib/driver/check.h"
+#include "lib/check/check.h"
 #include "qcow2/image.h"
 #include "qcow2/options.h"
 

@@ -41,7 +41,7 @@
 #include "fuzz/fuzz_util.h"
 #include "testing/memory_file.h"
 #include "testing/model.h"
-#include "lib/driver/check.h"
+#include "lib/check/check.h"
 #include "qcow2/image.h"
 #include "qcow2/options.h"
 

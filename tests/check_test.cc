@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// Tests for the refcount checker (lib/driver/check.{h,cc}) and
+// Tests for the refcount checker (lib/check/check.{h,cc}) and
 // `qcowtool check` (tools/cmd_check.cc), with `qemu-img check` as the
 // oracle: images built by qemu-img/qemu-io must check clean with the same
 // figures; images damaged byte by byte must get the same verdict, the same
 // counters and the same exit code, and `-r leaks` / `-r all` must repair
 // what QEMU's repairs do, leaving images that `qemu-img check` finds clean
 // and whose guest data is unchanged.
-#include "lib/driver/check.h"
+#include "lib/check/check.h"
 
 #include <unistd.h>
 

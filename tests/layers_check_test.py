@@ -27,6 +27,10 @@ PROBES = [
     ("serve/probe_layers.cc", '#include "testing/memory_file.h"'),
     ("tools/probe_layers_nbd.cc", '#include "nbd/anything.h"'),
     ("lib/chain/probe_layers.h", '#include "qcow2/image.h"'),
+    # The offline checker sits on the format alone; the online driver
+    # must not reach the offline surgery above it.
+    ("lib/check/probe_layers.cc", '#include "lib/meta/refcounts.h"'),
+    ("lib/driver/probe_layers.cc", '#include "lib/ops/amend.h"'),
 ]
 
 

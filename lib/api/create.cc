@@ -11,7 +11,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "lib/chain/chain.h"
-#include "lib/driver/amend.h"
 #include "lib/format/entries.h"
 #include "lib/format/header.h"
 #include "lib/driver/qcow2_layer.h"

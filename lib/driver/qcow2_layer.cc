@@ -10,7 +10,7 @@
 #include "lib/base/io_context.h"
 #include "lib/base/math.h"
 #include "lib/base/status_macros.h"
-#include "lib/driver/check.h"
+#include "lib/check/check.h"
 #include "lib/driver/snapshots.h"
 #include "lib/format/entries.h"
 

@@ -128,6 +128,14 @@ std::string Header::FeatureNameFor(uint8_t type, uint8_t bit) const {
   return "";
 }
 
+std::vector<FeatureName> QemuFeatureNames(uint64_t cluster_size) {
+  if (cluster_size <= 4096) return {};
+  return {{0, 0, "dirty bit"},          {0, 1, "corrupt bit"},
+          {0, 2, "external data file"}, {0, 3, "compression type"},
+          {0, 4, "extended L2 entries"}, {1, 0, "lazy refcounts"},
+          {2, 0, "bitmaps"},            {2, 1, "raw external data"}};
+}
+
 uint64_t RequiredL1Entries(uint64_t virtual_size, uint32_t cluster_bits,
                            uint32_t l2_entry_size) {
   uint64_t cluster_size = 1ull << cluster_bits;

@@ -108,6 +108,10 @@ struct Header {
   std::string FeatureNameFor(uint8_t type, uint8_t bit) const;
 };
 
+// The feature-name table QEMU writes into a version 3 header: none for
+// clusters of 4 KiB or less (qemu-img create and amend leave it out).
+std::vector<FeatureName> QemuFeatureNames(uint64_t cluster_size);
+
 // L1 entries needed to map `virtual_size` bytes.
 uint64_t RequiredL1Entries(uint64_t virtual_size, uint32_t cluster_bits,
                            uint32_t l2_entry_size);

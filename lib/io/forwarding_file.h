@@ -2,7 +2,7 @@
 // A File that passes every call to the File it wraps, owned or borrowed.
 // Wrappers derive from it and override only the calls they watch or
 // change (AccountedFile; test doubles in testing/; a borrowed file in
-// lib/api/amend.cc).
+// lib/ops/amend_image.cc).
 #ifndef QCOW2_LIB_IO_FORWARDING_FILE_H_
 #define QCOW2_LIB_IO_FORWARDING_FILE_H_
 

@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "lib/base/status_macros.h"
 #include "lib/chain/chain.h"
-#include "lib/driver/make_empty.h"
+#include "lib/ops/make_empty.h"
 #include "lib/driver/qcow2_layer.h"
 #include "lib/io/accounted_file.h"
 #include "lib/ops/chunk_runner.h"
@@ -42,7 +42,7 @@ absl::StatusOr<std::vector<Chunk>> RangesAbove(Image* image, int base_depth) {
   return out;
 }
 
-// Empties the top image in place (lib/driver/make_empty.h), opened on its
+// Empties the top image in place (lib/ops/make_empty.h), opened on its
 // own: no chain, no engine, the image's locks taken as for any writer.
 absl::Status EmptyTop(const std::string& path, const OpenOptions& base_opts) {
   FileOpener* opener =

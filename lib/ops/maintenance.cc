@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // The public check-and-repair and compression calls (qcow2/maintenance.h):
-// thin doors onto the checker (lib/driver/check.h) and the codec
+// thin doors onto the checker (lib/check/check.h) and the codec
 // (lib/format/compress.h).
 #include <memory>
 
 #include "absl/strings/str_cat.h"
-#include "lib/driver/check.h"
+#include "lib/check/check.h"
 #include "lib/format/compress.h"
 #include "qcow2/maintenance.h"
 

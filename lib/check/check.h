@@ -39,8 +39,8 @@
 // than 2^28 clusters are refused. Refcount blocks are streamed.
 //
 // Not thread-safe; nothing else may use the image while it is checked.
-#ifndef QCOW2_LIB_DRIVER_CHECK_H_
-#define QCOW2_LIB_DRIVER_CHECK_H_
+#ifndef QCOW2_LIB_CHECK_CHECK_H_
+#define QCOW2_LIB_CHECK_CHECK_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -71,4 +71,4 @@ absl::StatusOr<CheckResult> CheckImage(File* file, RepairMode mode);
 
 }  // namespace qcow2::internal
 
-#endif  // QCOW2_LIB_DRIVER_CHECK_H_
+#endif  // QCOW2_LIB_CHECK_CHECK_H_

@@ -15,7 +15,7 @@
 #include "lib/base/endian.h"
 #include "lib/base/math.h"
 #include "lib/base/status_macros.h"
-#include "lib/driver/check_internal.h"
+#include "lib/check/check_internal.h"
 #include "lib/format/entries.h"
 #include "lib/format/header.h"
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "lib/driver/make_empty.h"
+#include "lib/ops/make_empty.h"
 
 #include <algorithm>
 #include <cstdint>

@@ -11,7 +11,7 @@
 //   6. the virtual size (through the caller's resizer: Image::Resize);
 //   7. downgrade to version 2: zero clusters expanded (amend_zeros.cc),
 //      then cluster 0 rewritten without the version 3 fields.
-#include "lib/driver/amend.h"
+#include "lib/ops/amend.h"
 
 #include <algorithm>
 #include <string>
@@ -23,20 +23,12 @@
 #include "lib/base/events.h"
 #include "lib/base/math.h"
 #include "lib/base/status_macros.h"
-#include "lib/driver/check.h"
+#include "lib/check/check.h"
 #include "lib/driver/snapshots.h"
 #include "lib/format/entries.h"
 #include "lib/meta/refcounts.h"
 
 namespace qcow2::internal {
-
-std::vector<FeatureName> QemuFeatureNames(uint64_t cluster_size) {
-  if (cluster_size <= 4096) return {};
-  return {{0, 0, "dirty bit"},          {0, 1, "corrupt bit"},
-          {0, 2, "external data file"}, {0, 3, "compression type"},
-          {0, 4, "extended L2 entries"}, {1, 0, "lazy refcounts"},
-          {2, 0, "bitmaps"},            {2, 1, "raw external data"}};
-}
 
 absl::Status AmendTarget::Load() {
   ASSIGN_OR_RETURN(file_size, file->Size());

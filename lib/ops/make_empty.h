@@ -2,8 +2,8 @@
 // Empties a qcow2 layer, as QEMU's bdrv_make_empty does after a commit:
 // every L2 entry is cleared, so that the whole disk reads from the backing
 // file again, and the host clusters they held are let go of.
-#ifndef QCOW2_LIB_DRIVER_MAKE_EMPTY_H_
-#define QCOW2_LIB_DRIVER_MAKE_EMPTY_H_
+#ifndef QCOW2_LIB_OPS_MAKE_EMPTY_H_
+#define QCOW2_LIB_OPS_MAKE_EMPTY_H_
 
 #include "absl/status/status.h"
 #include "lib/driver/qcow2_layer.h"
@@ -22,4 +22,4 @@ absl::Status MakeEmpty(Qcow2Layer* layer);
 
 }  // namespace qcow2::internal
 
-#endif  // QCOW2_LIB_DRIVER_MAKE_EMPTY_H_
+#endif  // QCOW2_LIB_OPS_MAKE_EMPTY_H_

@@ -23,7 +23,7 @@
 // header write is flushed before anything else happens; old structures
 // are released last. A power cut at any point leaves an image that reads
 // the same and that a later repair finishes.
-#include "lib/driver/check.h"
+#include "lib/check/check.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -38,7 +38,7 @@
 #include "lib/base/endian.h"
 #include "lib/base/math.h"
 #include "lib/base/status_macros.h"
-#include "lib/driver/check_internal.h"
+#include "lib/check/check_internal.h"
 #include "lib/format/entries.h"
 #include "lib/format/header.h"
 

@@ -7,8 +7,8 @@
 // one header write (docs/crash-consistency.md, "Amend").
 //
 // Not thread-safe; the caller holds the file's write lock.
-#ifndef QCOW2_LIB_DRIVER_AMEND_H_
-#define QCOW2_LIB_DRIVER_AMEND_H_
+#ifndef QCOW2_LIB_OPS_AMEND_H_
+#define QCOW2_LIB_OPS_AMEND_H_
 
 #include <cstdint>
 #include <functional>
@@ -23,10 +23,6 @@
 #include "qcow2/file.h"
 
 namespace qcow2::internal {
-
-// The feature-name table QEMU writes into a version 3 header: none for
-// clusters of 4 KiB or less (qemu-img create and amend leave it out).
-std::vector<FeatureName> QemuFeatureNames(uint64_t cluster_size);
 
 // Sets the virtual size of the image in the file (the layer above the
 // driver does it through an Image over the same file).
@@ -87,4 +83,4 @@ absl::Status ExpandZeroClusters(AmendTarget* t);
 
 }  // namespace qcow2::internal
 
-#endif  // QCOW2_LIB_DRIVER_AMEND_H_
+#endif  // QCOW2_LIB_OPS_AMEND_H_

@@ -3,8 +3,8 @@
 // (check.cc, check_scan.cc, check_repair.cc): constants, refcount entry
 // codecs, the expected/stored refcount containers and the Checker class.
 // Not part of the library API; see check.h.
-#ifndef QCOW2_LIB_DRIVER_CHECK_INTERNAL_H_
-#define QCOW2_LIB_DRIVER_CHECK_INTERNAL_H_
+#ifndef QCOW2_LIB_CHECK_CHECK_INTERNAL_H_
+#define QCOW2_LIB_CHECK_CHECK_INTERNAL_H_
 
 #include <algorithm>
 #include <cstdint>
@@ -22,7 +22,7 @@
 #include "lib/base/endian.h"
 #include "lib/base/math.h"
 #include "lib/base/status_macros.h"
-#include "lib/driver/check.h"
+#include "lib/check/check.h"
 #include "lib/format/entries.h"
 #include "lib/format/header.h"
 #include "lib/format/snapshot_table.h"
@@ -368,4 +368,4 @@ class Checker {
 
 }  // namespace qcow2::internal::check_detail
 
-#endif  // QCOW2_LIB_DRIVER_CHECK_INTERNAL_H_
+#endif  // QCOW2_LIB_CHECK_CHECK_INTERNAL_H_

@@ -18,9 +18,9 @@
 #include "lib/base/events.h"
 #include "lib/base/math.h"
 #include "lib/base/status_macros.h"
-#include "lib/driver/amend.h"
-#include "lib/driver/check.h"
-#include "lib/driver/check_internal.h"
+#include "lib/ops/amend.h"
+#include "lib/check/check.h"
+#include "lib/check/check_internal.h"
 #include "lib/format/entries.h"
 #include "lib/meta/refcounts.h"
 

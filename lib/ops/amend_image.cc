@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // AmendImage: opens the file read-write with QEMU's image locks and hands
-// it to the driver's amend (lib/driver/amend.h). A new size is set by an
+// it to amend's surgery (lib/ops/amend.h). A new size is set by an
 // Image opened over the same (already locked) file, so that growing and
 // shrinking go through Image::Resize.
 #include <memory>
@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "lib/base/endian.h"
 #include "lib/base/status_macros.h"
-#include "lib/driver/amend.h"
+#include "lib/ops/amend.h"
 #include "lib/format/header.h"
 #include "lib/io/forwarding_file.h"
 #include "qcow2/amend.h"
