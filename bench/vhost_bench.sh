@@ -66,6 +66,8 @@ run() {  # server kind rw bs: appends "kind rw bs server iops cpu" to results
     rm -f "$work/img.qcow2"
     qemu-img create -q -f qcow2 -b b2.qcow2 -F qcow2 "$work/img.qcow2"
   fi
+  # The copy on disk before the run, not written back during it.
+  sync "$work"/*.qcow2
   start "$s" "$work/img.qcow2"
   out=$("$bench" --socket "$work/sock" --pid "$server_pid" --queues "$queues" \
           --depth "$depth" --bs "$bs" --rw "$rw" --seconds "$secs")
