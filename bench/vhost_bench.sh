@@ -6,11 +6,16 @@
 # on an allocated image and on a fresh overlay over it. The front-end is
 # first validated against QSD: a pattern written through every queue
 # reads back, and qemu-img reads it from the image.
-#   bench/vhost_bench.sh BUILD_DIR [SECONDS] [QUEUES] [DEPTH]
-# Prints a markdown table: IOPS, and the back-end's CPU microseconds per
-# request (all its threads), ours and QSD's.
+#   bench/vhost_bench.sh BUILD_DIR [SECONDS] [QUEUES] [DEPTH] [REPEATS]
+# Every row runs REPEATS times (default 3), ours and QSD in turn, the
+# order swapped each time, so that a busy spell of the machine lands on
+# both alike. Both servers use the page cache (QSD's default
+# cache.direct=off; ours without --direct), QSD's image file on io_uring.
+# Prints a markdown table of medians: IOPS, and the back-end's CPU
+# microseconds per request (all its threads, io_uring's workers
+# included), ours and QSD's, and the ratios; then every run's numbers.
 set -euo pipefail
-build=$1 secs=${2:-5} queues=${3:-2} depth=${4:-32}
+build=$1 secs=${2:-5} queues=${3:-2} depth=${4:-32} repeats=${5:-3}
 qcowtool=$build/qcowtool bench=$build/tests/vhost_bench
 work=$(mktemp -d /tmp/vhost_bench.XXXXXX)
 server_pid=
@@ -52,38 +57,66 @@ size=256M
 qemu-img create -q -f qcow2 "$work/base.qcow2" $size
 qemu-io -f qcow2 -c "write -P 0x33 0 $size" "$work/base.qcow2" >/dev/null
 
-row() {  # label rw bs image-kind
-  local label=$1 rw=$2 bs=$3 kind=$4 out=()
-  for s in ours qsd; do
-    if [ "$kind" = allocated ]; then
-      cp "$work/base.qcow2" "$work/img.qcow2"
-    else
-      cp "$work/base.qcow2" "$work/b2.qcow2"
-      rm -f "$work/img.qcow2"
-      qemu-img create -q -f qcow2 -b b2.qcow2 -F qcow2 "$work/img.qcow2"
-    fi
-    start $s "$work/img.qcow2"
-    out+=("$("$bench" --socket "$work/sock" --pid "$server_pid" --queues "$queues" \
-             --depth "$depth" --bs "$bs" --rw "$rw" --seconds "$secs")")
-    stop
-  done
-  local oi oc qi qc
-  oi=$(sed 's/.*iops=\([0-9]*\).*/\1/' <<<"${out[0]}")
-  oc=$(sed 's/.*cpu_us_per_req=\([0-9.]*\).*/\1/' <<<"${out[0]}")
-  qi=$(sed 's/.*iops=\([0-9]*\).*/\1/' <<<"${out[1]}")
-  qc=$(sed 's/.*cpu_us_per_req=\([0-9.]*\).*/\1/' <<<"${out[1]}")
-  printf "| %s | %s | %s | %s | %s | %s | %.2f |\n" "$label" "$kind" "$oi" "$qi" "$oc" "$qc" \
-    "$(python3 -c "print($oi / max($qi, 1))")"
+run() {  # server kind rw bs: appends "kind rw bs server iops cpu" to results
+  local s=$1 kind=$2 rw=$3 bs=$4 out
+  if [ "$kind" = allocated ]; then
+    cp "$work/base.qcow2" "$work/img.qcow2"
+  else
+    cp "$work/base.qcow2" "$work/b2.qcow2"
+    rm -f "$work/img.qcow2"
+    qemu-img create -q -f qcow2 -b b2.qcow2 -F qcow2 "$work/img.qcow2"
+  fi
+  # The copy on disk before the run, not written back during it.
+  sync "$work"/*.qcow2
+  start "$s" "$work/img.qcow2"
+  out=$("$bench" --socket "$work/sock" --pid "$server_pid" --queues "$queues" \
+          --depth "$depth" --bs "$bs" --rw "$rw" --seconds "$secs")
+  stop
+  echo "$kind $rw $bs $s $(sed 's/.*iops=\([0-9]*\).*cpu_us_per_req=\([0-9.]*\).*/\1 \2/' <<<"$out")" \
+    >>"$work/results"
+  echo "  $kind $rw $bs $s: $out" >&2
 }
 
-echo
-echo "$queues queues, depth $depth each, $secs s per run"
-echo
-echo "| workload | image | ours IOPS | QSD IOPS | ours CPU us/req | QSD CPU us/req | IOPS ours/QSD |"
-echo "|---|---|---|---|---|---|---|"
-for kind in allocated overlay; do
-  row "4 KiB random read" randread 4096 $kind
-  row "4 KiB random write" randwrite 4096 $kind
-  row "1 MiB sequential read" read 1048576 $kind
-  row "1 MiB sequential write" write 1048576 $kind
+rows=("randread 4096" "randwrite 4096" "read 1048576" "write 1048576")
+echo "$queues queues, depth $depth each, $secs s per run, $repeats runs per row" >&2
+for ((r = 0; r < repeats; r++)); do
+  order="ours qsd"
+  ((r % 2)) && order="qsd ours"
+  for kind in allocated overlay; do
+    for row in "${rows[@]}"; do
+      for s in $order; do run $s $kind $row; done
+    done
+  done
 done
+
+python3 - "$work/results" "$queues" "$depth" "$secs" "$repeats" <<'PY'
+import statistics, sys
+path, queues, depth, secs, repeats = sys.argv[1:]
+runs = {}
+for line in open(path):
+    kind, rw, bs, server, iops, cpu = line.split()
+    runs.setdefault((kind, rw, int(bs)), {}).setdefault(server, []).append(
+        (float(iops), float(cpu)))
+names = {"randread": "4 KiB random read", "randwrite": "4 KiB random write",
+         "read": "1 MiB sequential read", "write": "1 MiB sequential write"}
+print(f"\n{queues} queues, depth {depth} each, {secs} s per run, "
+      f"median of {repeats} runs (ours and QSD in turn)\n")
+print("| workload | image | ours IOPS | QSD IOPS | IOPS ours/QSD | "
+      "ours CPU us/req | QSD CPU us/req | CPU ours/QSD |")
+print("|---|---|---|---|---|---|---|---|")
+for kind in ("allocated", "overlay"):
+    for rw in ("randread", "randwrite", "read", "write"):
+        key = next(k for k in runs if k[0] == kind and k[1] == rw)
+        o, q = runs[key]["ours"], runs[key]["qsd"]
+        oi = statistics.median(x[0] for x in o)
+        qi = statistics.median(x[0] for x in q)
+        oc = statistics.median(x[1] for x in o)
+        qc = statistics.median(x[1] for x in q)
+        print(f"| {names[rw]} | {kind} | {oi:.0f} | {qi:.0f} | {oi / max(qi, 1):.2f} "
+              f"| {oc:.1f} | {qc:.1f} | {oc / max(qc, 1e-9):.2f} |")
+print("\nEvery run (IOPS / CPU us per request):\n")
+for key, by in sorted(runs.items()):
+    for server in ("ours", "qsd"):
+        cells = ", ".join(f"{i:.0f} / {c:.1f}" for i, c in by[server])
+        print(f"- {key[0]} {names[key[1]]}, {server}: {cells}")
+PY

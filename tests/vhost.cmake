@@ -3,9 +3,10 @@
 # (TCG) guest on `qcowtool serve --vhost-user-blk`, qemu-storage-daemon's
 # export as the oracle, a SIGKILL of QEMU and a reconnect, an overlay.
 # Six guest boots, about 4 to 5 minutes on a loaded 2-CPU machine; the
-# kernel package is fetched once into <build>/vhost-guest (apt-get
-# download). Skipped (exit 77) without qemu-system-x86_64 or
-# qemu-storage-daemon (scripts/bootstrap.sh installs them).
+# kernel package is in <build>/vhost-guest, put there by
+# scripts/bootstrap.sh (else the first run fetches it: apt-get download).
+# Skipped (exit 77) without qemu-system-x86_64 or qemu-storage-daemon
+# (scripts/bootstrap.sh installs them).
 add_test(NAME vhost_guest
   COMMAND bash ${PROJECT_SOURCE_DIR}/tests/vhost_guest_test.sh
           $<TARGET_FILE:qcowtool> ${PROJECT_SOURCE_DIR}

@@ -5,13 +5,19 @@
 # virtio, virtio-blk and ext4 modules and the host's e2fsprogs and
 # blkdiscard (busybox's mke2fs makes no ext4, its blkdiscard no -z).
 #   make_initramfs.sh CACHE_DIR   -> CACHE_DIR/vmlinuz, CACHE_DIR/initramfs.gz
-# The kernel package is fetched once (apt-get download) into CACHE_DIR.
+#   make_initramfs.sh --kernel-only CACHE_DIR   -> CACHE_DIR/vmlinuz and
+#                                   the modules (scripts/bootstrap.sh)
+# The kernel package is fetched once (apt-get download, Debian's own
+# package) into CACHE_DIR: by scripts/bootstrap.sh, or else by the first
+# test run.
 set -euo pipefail
+kernel_only=
+if [ "$1" = --kernel-only ]; then kernel_only=1; shift; fi
 cache=$1
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$cache"
 cd "$cache"
-if [ ! -f vmlinuz ]; then
+if [ ! -f vmlinuz ] || [ ! -d kernel/lib/modules ]; then
   pkg=$(apt-cache depends linux-image-amd64 | sed -n 's/.*Depends: \(linux-image-[^ ]*\)/\1/p' | head -1)
   [ -n "$pkg" ] || { echo "make_initramfs: no linux-image-amd64 in apt" >&2; exit 1; }
   ls "$pkg"_*.deb >/dev/null 2>&1 || apt-get download "$pkg" >/dev/null 2>&1
@@ -19,6 +25,7 @@ if [ ! -f vmlinuz ]; then
   dpkg-deb -x "$pkg"_*.deb kernel
   cp kernel/boot/vmlinuz-* vmlinuz
 fi
+[ -z "$kernel_only" ] || exit 0
 kmod=$(ls -d kernel/lib/modules/*/kernel)
 rm -rf initramfs && mkdir -p initramfs/{bin,sbin,dev,proc,sys,tmp,modules,lib64,lib/x86_64-linux-gnu}
 cp /bin/busybox initramfs/bin/busybox
