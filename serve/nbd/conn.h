@@ -46,6 +46,9 @@ struct Req {
   uint8_t* buf = nullptr;  // see Conn::Allocate
   size_t buf_len = 0;
   bool flush_stage = false;  // FUA: the write is done, the flush runs
+  // CACHE: the Queue requests not finished yet, and the first error.
+  int pending = 0;
+  absl::Status cache_status;
 };
 
 // One reply waiting to be sent: header bytes, then maybe a payload.
@@ -97,7 +100,11 @@ class Conn {
   void Log(const std::string& what);
   void Fail(const std::string& why);
   void PostRecv();
+  void GatherOutput();
+  size_t MsgBytes() const;
+  void SendNow();
   void PostSend();
+  void Sent(int n);
   bool CanClose() const;
   void CompactInput();
   // TLS: after STARTTLS's ACK, the handshake, then every byte in and out
@@ -170,6 +177,8 @@ class Loop {
   void PumpDirty();
   void Dispatch(Op* op, int res);
   void Submit(std::unique_ptr<Req> req);
+  absl::Status SubmitCache(Req* req);
+  void CacheDone(Req* raw, absl::Status s);
   void Done(Req* req, absl::Status s);
   void BlockStatus(std::unique_ptr<Req> req);
   bool ReadIsHole(const Req& req);
