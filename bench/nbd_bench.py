@@ -35,9 +35,10 @@ Jobs (fio --ioengine=nbd, one NBD connection per fio job):
 
 Method: the CDM servers run at once and take turns job by job, and the
 fresh-image jobs run server after server; --repeat rounds of each, the
-order of the servers rotated every round, and the fastest run of each
-(server, job) is kept. So a change of the machine's load (shared machines
-swing by 2x within minutes) lands on every server alike. The page cache
+order of the servers rotated every round, and the median run of each
+(server, job) is shown (--stat best: the fastest). So a change of the
+machine's load (shared machines swing by 2x within minutes) lands on
+every server alike. The page cache
 is part of what the cached servers measure, so it is made alike too:
 every server's image is written back and dropped from the cache before
 the first job (each image then goes through the same jobs in the same
@@ -50,8 +51,8 @@ quarter of their speed in small ones.)
 
 CPU: the server processes' CPU time (user + system, all their threads,
 from /proc/PID/stat) over each run, divided by the requests fio completed
-in it: microseconds of server CPU per request, in the row of the fastest
-run (cpu_us_per_req) and in a second table.
+in it: microseconds of server CPU per request, the median over the rounds
+(cpu_us_per_req; --stat best: the least) and in a second table.
 
 Output: one JSON object per (server, job) row on stdout or --json FILE,
 and a markdown table (--table FILE, default stdout) with MB/s for SEQ rows
@@ -376,16 +377,30 @@ def row_order(key):
     return (all_servers.index(server), JOB_ORDER.index(job + "/" + rw))
 
 
-def keep(best, server, job, rw, iops, bw, lat, cpu):
-    """Records one run; the fastest of a (server, job, rw) is kept."""
+def keep(runs, server, job, rw, iops, bw, lat, cpu):
+    """Records one run of a (server, job, rw)."""
     row = dict(server=server, job=job, rw=rw, iops=round(iops, 1),
                mbps=round(bw, 1), lat_us=round(lat, 1),
                cpu_us_per_req=round(cpu, 2))
     log("  %-17s %-18s %-9s %10.0f IOPS %9.1f MB/s %9.1f us %7.2f us CPU/req"
         % (server, job, rw, iops, bw, lat, cpu))
-    key = (server, job, rw)
-    if key not in best or best[key]["iops"] < row["iops"]:
-        best[key] = row
+    runs.setdefault((server, job, rw), []).append(row)
+
+
+def pick(rows, stat):
+    """The run that stands for a (server, job, rw): the one of median IOPS
+    (of an even count, the faster of the middle two), or the fastest; its
+    CPU per request is the median (or least) of all its runs, since a
+    loaded machine inflates CPU time too."""
+    by_iops = sorted(rows, key=lambda r: r["iops"])
+    cpus = sorted(r["cpu_us_per_req"] for r in rows)
+    if stat == "best":
+        row, cpu = dict(by_iops[-1]), cpus[0]
+    else:
+        row, cpu = dict(by_iops[len(rows) // 2]), cpus[(len(rows) - 1) // 2]
+    row["cpu_us_per_req"] = cpu
+    row["runs"] = len(rows)
+    return row
 
 
 def table(rows):
@@ -456,8 +471,10 @@ def main():
     ap.add_argument("--jobs", default="",
                     help="comma-separated job names to run (default: all)")
     ap.add_argument("--repeat", type=int, default=3,
-                    help="rounds of every job; the fastest run of each "
-                    "server counts (default 3)")
+                    help="rounds of every job (default 3)")
+    ap.add_argument("--stat", choices=("median", "best"), default="median",
+                    help="which run of the rounds the table shows: the "
+                    "median (default) or the fastest")
     ap.add_argument("--small", action="store_true",
                     help="CI mode: 64 MiB, 1 s per job, one round")
     ap.add_argument("--json", help="write the JSON rows here (one per line)")
@@ -508,10 +525,10 @@ def main():
             " ".join("%.2f" % x for x in os.getloadavg())))
         make_data_file(raw, size)
         run(["qemu-img", "convert", "-f", "raw", "-O", "qcow2", raw, qcow])
-        best = {}
-        bench_cdm(kinds, work, args, size, best)
-        bench_fresh(kinds, work, args, size, best)
-        rows = [best[k] for k in sorted(best, key=row_order)]
+        runs = {}
+        bench_cdm(kinds, work, args, size, runs)
+        bench_fresh(kinds, work, args, size, runs)
+        rows = [pick(runs[k], args.stat) for k in sorted(runs, key=row_order)]
         # Every qcow2 image a qcowtool server wrote must pass qemu-img check.
         for name in sorted(os.listdir(work)):
             if name.startswith("qcowtool") and name.endswith(".qcow2"):

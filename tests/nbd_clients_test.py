@@ -24,11 +24,15 @@ import time
 
 from nbd_util import wait_listening
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "nbdsh"))
+
 try:
     import nbd
 except ImportError:
     print("python3-libnbd is not installed: skipped")
     sys.exit(77)
+from common import per_cluster as per_cluster_of  # tests/nbdsh/common.py
 
 MiB = 1 << 20
 SIZE = 16 * MiB
@@ -138,23 +142,7 @@ def options(server, rec):
 
 def per_cluster(h, context):
     """Block status flags of every 64 KiB, whatever the extent sizes."""
-    out = []
-    pos = 0
-    while pos < SIZE:
-        got = []
-
-        def cb(meta, offset, entries, err):
-            if meta == context:
-                got.extend(entries)
-            return 0
-        h.block_status(min(SIZE - pos, 4 * MiB), pos, cb)
-        for i in range(0, len(got), 2):
-            length, flags = got[i], got[i + 1]
-            length = min(length, SIZE - pos)
-            assert length > 0, "an empty extent"
-            out.extend([flags] * ((length + CLUSTER - 1) // CLUSTER))
-            pos += length
-    return out[:SIZE // CLUSTER]
+    return per_cluster_of(h, context, SIZE)
 
 
 def chunks(h, count, offset):
@@ -180,9 +168,8 @@ def commands(server, rec, structured):
     rec.append(("fast zero", attempt(
         lambda: h.zero(CLUSTER, 7 * MiB, nbd.CMD_FLAG_FAST_ZERO))))
     h.trim(CLUSTER, 9 * MiB)
-    # qemu-nbd's CACHE copies backing data into the top (copy-on-read);
-    # ours is advisory and changes nothing, so the range is one the top
-    # allocates already.
+    # CACHE of a range the top allocates already (nothing to copy);
+    # copy-on-read of backing data is compared in tests/nbdsh/commands.py.
     h.cache(CLUSTER, 12 * MiB)
     h.flush()
     rec.append(("read back", h.pread(10 * MiB, 0)))

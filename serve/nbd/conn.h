@@ -40,12 +40,18 @@ struct Op {
 // READ's data, and lives until the reply carrying it has been sent.
 struct Req {
   ~Req();
+  // Returns the buffer to the loop's free lists.
+  void FreeBuffer();
   Conn* conn = nullptr;
   Request r;
   RequestCheck check;
   uint8_t* buf = nullptr;  // see Conn::Allocate
   size_t buf_len = 0;
+  size_t buf_cap = 0;  // its size class
   bool flush_stage = false;  // FUA: the write is done, the flush runs
+  // CACHE: the Queue requests not finished yet, and the first error.
+  int pending = 0;
+  absl::Status cache_status;
 };
 
 // One reply waiting to be sent: header bytes, then maybe a payload.
@@ -97,7 +103,11 @@ class Conn {
   void Log(const std::string& what);
   void Fail(const std::string& why);
   void PostRecv();
+  void GatherOutput();
+  size_t MsgBytes() const;
+  void SendNow();
   void PostSend();
+  void Sent(int n);
   bool CanClose() const;
   void CompactInput();
   // TLS: after STARTTLS's ACK, the handshake, then every byte in and out
@@ -128,6 +138,7 @@ class Conn {
   size_t buf_bytes_ = 0;  // payload buffers of this connection's requests
   bool recv_posted_ = false;
   bool send_posted_ = false;
+  bool socket_full_ = false;   // the last send was short: the ring sends
   bool reading_done_ = false;  // EOF, DISC, a fatal error or the server stops
   bool dead_ = false;          // the socket failed: drop output
   bool shut_ = false;          // shutdown() called to end a posted recv
@@ -156,6 +167,10 @@ class Loop {
   void MarkDirty(Conn* conn);
 
   io_uring_sqe* Sqe();
+  // A page-aligned buffer of at least `len` bytes (its size in *cap), and
+  // back; see loop.cc.
+  uint8_t* TakeBuffer(size_t len, size_t* cap);
+  void GiveBuffer(uint8_t* p, size_t cap);
   Server* server() const { return server_; }
   Image* image() const { return image_; }
   bool verbose() const;
@@ -170,6 +185,8 @@ class Loop {
   void PumpDirty();
   void Dispatch(Op* op, int res);
   void Submit(std::unique_ptr<Req> req);
+  absl::Status SubmitCache(Req* req);
+  void CacheDone(Req* raw, absl::Status s);
   void Done(Req* req, absl::Status s);
   void BlockStatus(std::unique_ptr<Req> req);
   bool ReadIsHole(const Req& req);
@@ -192,6 +209,11 @@ class Loop {
   bool stopping_ = false;
   bool aborting_ = false;
   uint64_t next_id_ = 0;
+  // Free lists of request buffers: 4 KiB, 8 KiB, ... 32 MiB.
+  static constexpr size_t kMinBuffer = 4096;
+  static constexpr int kBufferClasses = 14;
+  std::vector<uint8_t*> spare_buffers_[kBufferClasses];
+  size_t spare_bytes_ = 0;
   absl::Status error_;
 };
 

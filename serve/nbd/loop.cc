@@ -8,7 +8,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <shared_mutex>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "serve/nbd/conn.h"
@@ -24,6 +28,8 @@ constexpr int kDrainSeconds = 10;
 // Descriptors per BLOCK_STATUS chunk at most; the client asks again for
 // the rest.
 constexpr size_t kMaxExtents = 1024;
+// Request buffers kept for reuse per loop, in bytes at most.
+constexpr size_t kMaxSpareBytes = 64u << 20;
 
 }  // namespace
 
@@ -83,9 +89,44 @@ absl::StatusOr<std::unique_ptr<Loop>> Loop::Create(Server* server,
 
 Loop::~Loop() {
   while (!conns_.empty()) delete *conns_.begin(), conns_.erase(conns_.begin());
+  for (auto& list : spare_buffers_) {
+    for (uint8_t* p : list) std::free(p);
+  }
   if (ring_ok_) io_uring_queue_exit(&ring_);
   queue_.reset();
   if (stop_efd_ >= 0) ::close(stop_efd_);
+}
+
+// Request buffers come from per-loop free lists by power-of-two size:
+// allocating a fresh 1 MiB buffer per request costs a mmap, 256 page
+// faults (zeroing the pages) and a munmap each time, more than the copy
+// of its bytes into the socket. Page-aligned, so O_DIRECT images need no
+// bounce buffer. What the lists keep is bounded (kMaxSpareBytes).
+uint8_t* Loop::TakeBuffer(size_t len, size_t* cap) {
+  size_t size = kMinBuffer;
+  int cls = 0;
+  while (size < len) size <<= 1, ++cls;
+  *cap = size;
+  if (cls < kBufferClasses && !spare_buffers_[cls].empty()) {
+    uint8_t* p = spare_buffers_[cls].back();
+    spare_buffers_[cls].pop_back();
+    spare_bytes_ -= size;
+    return p;
+  }
+  auto* p = static_cast<uint8_t*>(std::aligned_alloc(4096, size));
+  if (p == nullptr) std::abort();  // as operator new would
+  return p;
+}
+
+void Loop::GiveBuffer(uint8_t* p, size_t cap) {
+  int cls = 0;
+  for (size_t size = kMinBuffer; size < cap; size <<= 1) ++cls;
+  if (cls >= kBufferClasses || spare_bytes_ + cap > kMaxSpareBytes) {
+    std::free(p);
+    return;
+  }
+  spare_buffers_[cls].push_back(p);
+  spare_bytes_ += cap;
 }
 
 bool Loop::verbose() const { return server_->options().verbose; }
@@ -274,9 +315,9 @@ void Loop::Start(std::unique_ptr<Req> req) {
       conn->StopReading();
       return;
     case kCmdCache:
-      // Advisory (the protocol lets a server do nothing): the image's
-      // metadata caches fill on first use anyway.
-      return conn->Reply(std::move(req), 0, "");
+      if (req->r.length == 0) return conn->Reply(std::move(req), 0, "");
+      conn->Allocate(req.get(), req->r.length);
+      break;
     case kCmdBlockStatus:
       return BlockStatus(std::move(req));
     case kCmdRead:
@@ -317,7 +358,15 @@ void Loop::Submit(std::unique_ptr<Req> req) {
   Completion done = [this, raw](absl::Status s) { Done(raw, std::move(s)); };
   const Request& r = raw->r;
   absl::Status s;
-  if (raw->flush_stage || r.type == kCmdFlush) {
+  std::shared_lock<std::shared_mutex> cor;
+  if (server_->many_loops() && !raw->flush_stage &&
+      (r.type == kCmdWrite || r.type == kCmdTrim ||
+       r.type == kCmdWriteZeroes)) {
+    cor = std::shared_lock<std::shared_mutex>(server_->cor_mutex());
+  }
+  if (r.type == kCmdCache) {
+    s = SubmitCache(raw);
+  } else if (raw->flush_stage || r.type == kCmdFlush) {
     s = queue_->SubmitFlush(std::move(done));
   } else if (r.type == kCmdRead) {
     s = queue_->SubmitRead(r.offset, absl::MakeSpan(raw->buf, r.length),
@@ -345,6 +394,67 @@ void Loop::Submit(std::unique_ptr<Req> req) {
   conn->Reply(std::move(req), NbdError(s), std::string(s.message()));
 }
 
+// CACHE, as qemu-nbd does it: copy-on-read. The range is read through the
+// chain into the request's buffer, and what of it comes from a backing
+// layer is written into the top from that buffer, so later reads find it
+// there. The writes are submitted right after the read: overlapping
+// requests run in the order they were submitted, so each write starts
+// when the read has filled the buffer, and any client write submitted
+// after them wins. A read-only export, or a top with no backing file,
+// only reads (a prefetch: the metadata and the page cache warm up).
+absl::Status Loop::SubmitCache(Req* req) {
+  const uint64_t start = req->r.offset, end = start + req->r.length;
+  std::vector<std::pair<uint64_t, uint64_t>> copy;  // (offset, length)
+  const bool writable = !server_->options().export_config.read_only &&
+                        image_->writable() && image_->chain_length() > 1;
+  for (uint64_t pos = start; writable && pos < end;) {
+    auto st = image_->GetBlockStatus(pos, end - pos);
+    if (!st.ok() || st->length == 0) break;  // the read reports errors
+    if (st->depth > 0 && st->present && st->data) {
+      if (!copy.empty() && copy.back().first + copy.back().second == pos) {
+        copy.back().second += st->length;
+      } else {
+        copy.emplace_back(pos, st->length);
+      }
+    }
+    pos += st->length;
+  }
+  // All or nothing when the Queue is nearly full: the caller waits.
+  const size_t room = queue_->depth() - queue_->in_flight();
+  if (room < 1 + copy.size()) {
+    if (queue_->in_flight() > 0) {
+      return absl::ResourceExhaustedError("the queue is full");
+    }
+    copy.resize(room - 1);
+  }
+  std::unique_lock<std::shared_mutex> cor;
+  if (server_->many_loops() && !copy.empty()) {
+    cor = std::unique_lock<std::shared_mutex>(server_->cor_mutex());
+  }
+  auto done = [this, req](absl::Status s) { CacheDone(req, std::move(s)); };
+  absl::Status s = queue_->SubmitRead(
+      start, absl::MakeSpan(req->buf, req->r.length), done);
+  if (!s.ok()) return s;
+  req->pending = 1;
+  for (const auto& [offset, length] : copy) {
+    const uint8_t* data = req->buf + (offset - start);
+    if (queue_->SubmitWrite(offset, absl::MakeConstSpan(data, length), done)
+            .ok()) {
+      ++req->pending;
+    }  // else the range stays in the backing file: CACHE is advisory
+  }
+  return absl::OkStatus();
+}
+
+void Loop::CacheDone(Req* raw, absl::Status s) {
+  if (raw->cache_status.ok()) raw->cache_status = std::move(s);
+  if (--raw->pending > 0) return;
+  std::unique_ptr<Req> req(raw);
+  absl::Status status = std::move(req->cache_status);
+  Conn* conn = req->conn;
+  conn->Reply(std::move(req), NbdError(status), std::string(status.message()));
+}
+
 void Loop::Done(Req* raw, absl::Status s) {
   std::unique_ptr<Req> req(raw);
   Conn* conn = req->conn;
@@ -359,10 +469,7 @@ void Loop::Done(Req* raw, absl::Status s) {
   if ((req->r.flags & kCmdFlagFua) && !req->flush_stage &&
       (type == kCmdWrite || type == kCmdTrim || type == kCmdWriteZeroes)) {
     req->flush_stage = true;  // FUA: durable before the reply
-    std::free(req->buf);      // the data is written; keep no payload
-    conn->Release(req->buf_len);
-    req->buf = nullptr;
-    req->buf_len = 0;
+    req->FreeBuffer();        // the data is written; keep no payload
     if (!waiting_.empty()) return waiting_.push_back(std::move(req));
     return Submit(std::move(req));
   }

@@ -19,6 +19,7 @@
 
 #include <atomic>
 #include <memory>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,12 @@ class Server {
 
   const ServerOptions& options() const { return opts_; }
   std::atomic<int>& connections() { return connections_; }
+  // CACHE's copy-on-read submits a read and the write of what it read
+  // back to back, so that no write of another loop's connection lands
+  // between them (it would be overwritten with the older data). Writes
+  // take it shared, CACHE exclusive, when more than one loop runs.
+  std::shared_mutex& cor_mutex() { return cor_mu_; }
+  bool many_loops() const { return loops_.size() > 1; }
 
  private:
   Server(Image* image, ServerOptions opts);
@@ -75,6 +82,7 @@ class Server {
   ServerOptions opts_;
   std::vector<std::unique_ptr<Loop>> loops_;
   std::atomic<int> connections_{0};
+  std::shared_mutex cor_mu_;
 };
 
 // Listening sockets for `qcowtool serve`.
