@@ -122,6 +122,8 @@ set(QCOWTOOL_SOURCES
   ${PROJECT_SOURCE_DIR}/tools/json_writer.cc
   ${PROJECT_SOURCE_DIR}/tools/main.cc
   ${PROJECT_SOURCE_DIR}/tools/map_walk.cc
+  ${PROJECT_SOURCE_DIR}/tools/option_parser.cc
+  ${PROJECT_SOURCE_DIR}/tools/serve_cli.cc
   ${PROJECT_SOURCE_DIR}/tools/progress.cc
   ${PROJECT_SOURCE_DIR}/tools/status_above.cc
 )

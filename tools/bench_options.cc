@@ -1,15 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "tools/bench_options.h"
 
-#include <getopt.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "tools/option_parser.h"
 
 namespace qcow2::tool::bench {
 namespace {
@@ -24,6 +25,11 @@ constexpr std::string_view kWorkloads[] = {"overlay", "scaling", "qd",
 constexpr std::string_view kModeNames[] = {"separate",   "shared",
                                            "raw-separate", "raw-shared",
                                            "read",       "write"};
+
+// A value kept as given.
+absl::StatusOr<std::string> Text(std::string_view, std::string_view text) {
+  return std::string(text);
+}
 
 absl::Status Bad(std::string_view option, std::string_view text,
                  std::string_view expected) {
@@ -96,261 +102,224 @@ bool Known(std::string_view name) {
          std::end(kWorkloads);
 }
 
-enum LongOption {
-  kOutput = 256,
-  kDir,
-  kDevice,
-  kForce,
-  kTime,
-  kCount,
-  kCache,
-  kPlot,
-  kSeed,
-  kDepth,
-  kImageSize,
-  kClusterSize,
-  kOverlayClusterSize,
-  kExtendedL2,
-  kOverlayWrites,
-  kBs,
-  kQd,
-  kWriters,
-  kModes,
-  kSizePerWriter,
-  kRepeat,
-  kMix,
-  kClusterSizes,
-  kPattern,
-  kFlushInterval,
-  kNoDrain,
-  kPair,
-  kBurst,
-  kQuiet,
+// Takes one option's value: `name` is how errors and BenchOptions::given
+// report the option ("--bs", "-c").
+using Setter =
+    std::function<absl::Status(const std::string& name, const char* arg)>;
+
+struct BenchOption {
+  const char* long_name;  // "" for a letter alone
+  char letter;            // 0 for a long name alone
+  OptionParser::Arg arg;
+  const char* name;  // as reported
+  Setter set;
 };
 
-const option kOptions[] = {
-    {"output", required_argument, nullptr, kOutput},
-    {"dir", required_argument, nullptr, kDir},
-    {"device", required_argument, nullptr, kDevice},
-    {"force", no_argument, nullptr, kForce},
-    {"time", required_argument, nullptr, kTime},
-    {"count", required_argument, nullptr, kCount},
-    {"cache", required_argument, nullptr, kCache},
-    {"plot", required_argument, nullptr, kPlot},
-    {"seed", required_argument, nullptr, kSeed},
-    {"quiet", no_argument, nullptr, kQuiet},
-    {"depth", required_argument, nullptr, kDepth},
-    {"image-size", required_argument, nullptr, kImageSize},
-    {"cluster-size", required_argument, nullptr, kClusterSize},
-    {"overlay-cluster-size", required_argument, nullptr, kOverlayClusterSize},
-    {"extended-l2", required_argument, nullptr, kExtendedL2},
-    {"overlay-writes", required_argument, nullptr, kOverlayWrites},
-    {"bs", required_argument, nullptr, kBs},
-    {"qd", required_argument, nullptr, kQd},
-    {"writers", required_argument, nullptr, kWriters},
-    {"modes", required_argument, nullptr, kModes},
-    {"size-per-writer", required_argument, nullptr, kSizePerWriter},
-    {"repeat", required_argument, nullptr, kRepeat},
-    {"mix", required_argument, nullptr, kMix},
-    {"cluster-sizes", required_argument, nullptr, kClusterSizes},
-    {"pattern", required_argument, nullptr, kPattern},
-    {"flush-interval", required_argument, nullptr, kFlushInterval},
-    {"no-drain", no_argument, nullptr, kNoDrain},
-    {"pair", required_argument, nullptr, kPair},
-    {"burst", required_argument, nullptr, kBurst},
-    {"help", no_argument, nullptr, 'h'},
-    {nullptr, 0, nullptr, 0},
-};
+constexpr auto kNone = OptionParser::Arg::kNone;
+constexpr auto kValue = OptionParser::Arg::kRequired;
 
-// The name `c` is reported by: "--bs", "-c".
-std::string OptionName(int c) {
-  if (c < 256) return std::string("-") + static_cast<char>(c);
-  for (const option& o : kOptions) {
-    if (o.name != nullptr && o.val == c) return std::string("--") + o.name;
-  }
-  return "?";
+// A field set to `parse(name, arg)`'s value.
+template <typename Field, typename Parse>
+Setter Store(Field* field, Parse parse) {
+  return [field, parse](const std::string& name,
+                        const char* arg) -> absl::Status {
+    auto v = parse(std::string_view(name), std::string_view(arg));
+    if (!v.ok()) return v.status();
+    *field = *v;
+    return absl::OkStatus();
+  };
 }
 
-// Applies one option. `name` is how it is reported.
-absl::Status Apply(int c, const std::string& name, const char* arg,
-                   BenchOptions* o) {
-  PatternFlags& p = o->pattern;
-  switch (c) {
-    case kOutput: {
-      auto f = ParseOutputFormat(arg);
-      if (!f.ok()) return f.status();
-      o->output = *f;
-      return absl::OkStatus();
-    }
-    case kDir:
-      o->dir = arg;
-      return absl::OkStatus();
-    case kDevice:
-      o->device = arg;
-      return absl::OkStatus();
-    case kForce:
-      o->force = true;
-      return absl::OkStatus();
-    case kPlot:
-      o->plot = arg;
-      return absl::OkStatus();
-    case kQuiet:
-    case 'q':
-      o->quiet = true;
-      return absl::OkStatus();
-    case kCache:
-    case 't': {
-      const std::string_view v = arg;
-      if (v != "none" && v != "writeback") {
-        return Bad(name, v, "none (O_DIRECT) or writeback");
-      }
-      o->direct_io = v == "none";
-      return absl::OkStatus();
-    }
-    case kExtendedL2: {
-      const std::string_view v = arg;
-      if (v != "on" && v != "off" && v != "both") {
-        return Bad(name, v, "on or off (sweep: also both)");
-      }
-      o->extended_l2 = std::string(v);
-      return absl::OkStatus();
-    }
-    case kModes: {
-      o->modes.clear();
-      for (absl::string_view m : absl::StrSplit(arg, ',')) {
-        const std::string_view mv(m.data(), m.size());
-        if (std::find(std::begin(kModeNames), std::end(kModeNames), mv) ==
-            std::end(kModeNames)) {
-          return Bad(name, mv,
-                     "a list of separate, shared, raw-separate, raw-shared "
-                     "(scaling) or of read, write (qd)");
-        }
-        o->modes.emplace_back(mv);
-      }
-      return absl::OkStatus();
-    }
-    case kNoDrain:
-      p.drain_on_flush = false;
-      return absl::OkStatus();
-    case kPair:
-      p.pair = arg;
-      return absl::OkStatus();
-    case 'w':
-      p.write = true;
-      return absl::OkStatus();
-    case 'U':
-      p.force_share = true;
-      return absl::OkStatus();
-    case 'n':
-      return absl::OkStatus();  // accepted, no effect
-    case 'i': {
-      const std::string_view v = arg;
-      if (v != "threads" && v != "native" && v != "io_uring") {
-        return Bad(name, v, "threads, native or io_uring");
-      }
-      p.aio = std::string(v);
-      return absl::OkStatus();
-    }
-    case 'f': {
-      if (absl::Status s = CheckImageFormat(arg); !s.ok()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(name, ": ", s.message()));
-      }
-      p.format = arg;
-      return absl::OkStatus();
-    }
-  }
-  // Options with parsed values.
-  absl::Status status;
-  auto take = [&](auto parsed, auto& field) {
-    if (!parsed.ok()) {
-      status = parsed.status();
-    } else {
-      field = *parsed;
-    }
+// A flag set to `value`.
+template <typename Field, typename Value>
+Setter Set(Field* field, Value value) {
+  return [field, value](const std::string&, const char*) {
+    *field = value;
+    return absl::OkStatus();
   };
-  switch (c) {
-    case kTime:
-      take(ParseSeconds(name, arg), o->seconds);
-      break;
-    case kCount:
-      take(ParsePositiveInt(name, arg, 1 << 30), o->count);
-      break;
-    case kSeed:
-      take(ParseUint(name, arg, ~0ull), o->seed);
-      break;
-    case kDepth:
-      take(ParseUint(name, arg, 32), o->chain_depth);
-      break;
-    case kImageSize:
-      take(ParseSizeOpt(name, arg, 64 << 10, 512), o->image_size);
-      break;
-    case kSizePerWriter:
-      take(ParseSizeOpt(name, arg, 4096, 512), o->size_per_writer);
-      break;
-    case kRepeat:
-      take(ParsePositiveInt(name, arg, 99), o->repeat);
-      break;
-    case kClusterSize:
-      take(ParseClusterSize(name, arg), o->cluster_size);
-      break;
-    case kOverlayClusterSize:
-      take(ParseClusterSize(name, arg), o->overlay_cluster_size);
-      break;
-    case kOverlayWrites:
-      take(ParseUint(name, arg, 100), o->overlay_writes_pct);
-      break;
-    case kBs:
-      take(ParseSizeList(name, arg), o->bs);
-      break;
-    case kQd:
-      take(ParseIntList(name, arg, 4096), o->qd);
-      break;
-    case kWriters:
-      take(ParseIntList(name, arg, 256), o->writers);
-      break;
-    case kMix:
-      take(ParseMix(arg), o->mix);
-      break;
-    case kClusterSizes: {
-      std::vector<uint64_t> list;
-      for (absl::string_view item : absl::StrSplit(arg, ',')) {
-        auto v =
-            ParseClusterSize(name, std::string_view(item.data(), item.size()));
-        if (!v.ok()) return v.status();
-        list.push_back(*v);
-      }
-      o->cluster_sizes = list;
-      break;
+}
+
+// A value that must be one of `allowed`, kept as text.
+template <typename Field>
+Setter OneOf(Field* field, std::vector<std::string_view> allowed,
+             const char* expected) {
+  return [field, allowed, expected](const std::string& name,
+                                    const char* arg) {
+    const std::string_view v = arg;
+    if (std::find(allowed.begin(), allowed.end(), v) == allowed.end()) {
+      return Bad(name, v, expected);
     }
-    case kPattern:
-      take(ParseUint(name, arg, 255), p.pattern);
-      break;
-    case kFlushInterval:
-      take(ParseUint(name, arg, 0x7fffffff), p.flush_interval);
-      break;
-    case kBurst:
-      take(ParsePositiveInt(name, arg, 1 << 30), p.burst);
-      break;
-    case 'c':
-      take(ParseUint(name, arg, 0x7fffffff), p.count);
-      break;
-    case 'd':
-      take(ParsePositiveInt(name, arg, 65536), p.depth);
-      break;
-    case 's':
-      take(ParseSizeOpt(name, arg, 1, 1), p.size);
-      break;
-    case 'S':
-      take(ParseSizeOpt(name, arg, 1, 1), p.step);
-      break;
-    case 'o':
-      take(ParseSizeOpt(name, arg, 0, 1), p.offset);
-      break;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat("unknown option ", name));
+    *field = std::string(v);
+    return absl::OkStatus();
+  };
+}
+
+absl::StatusOr<bool> ParseCache(std::string_view name, std::string_view v) {
+  if (v != "none" && v != "writeback") {
+    return Bad(name, v, "none (O_DIRECT) or writeback");
   }
-  return status;
+  return v == "none";
+}
+
+absl::StatusOr<std::vector<std::string>> ParseModes(std::string_view name,
+                                                    std::string_view text) {
+  std::vector<std::string> modes;
+  for (absl::string_view m : absl::StrSplit(AV(text), ',')) {
+    const std::string_view mv(m.data(), m.size());
+    if (std::find(std::begin(kModeNames), std::end(kModeNames), mv) ==
+        std::end(kModeNames)) {
+      return Bad(name, mv,
+                 "a list of separate, shared, raw-separate, raw-shared "
+                 "(scaling) or of read, write (qd)");
+    }
+    modes.emplace_back(mv);
+  }
+  return modes;
+}
+
+absl::StatusOr<std::vector<uint64_t>> ParseClusterSizes(
+    std::string_view name, std::string_view text) {
+  std::vector<uint64_t> list;
+  for (absl::string_view item : absl::StrSplit(AV(text), ',')) {
+    auto v = ParseClusterSize(name, std::string_view(item.data(), item.size()));
+    if (!v.ok()) return v.status();
+    list.push_back(*v);
+  }
+  return list;
+}
+
+absl::StatusOr<std::string> ParseImageFormat(std::string_view name,
+                                             std::string_view text) {
+  if (absl::Status s = CheckImageFormat(text); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(AV(name), ": ", s.message()));
+  }
+  return std::string(text);
+}
+
+absl::StatusOr<OutputFormat> ParseOutput(std::string_view,
+                                         std::string_view text) {
+  return ParseOutputFormat(text);
+}
+
+// Parsers of a number range, in the Store(field, parse) form.
+auto Uint(uint64_t max) {
+  return [max](std::string_view n, std::string_view t) {
+    return ParseUint(n, t, max);
+  };
+}
+auto PositiveInt(int max) {
+  return [max](std::string_view n, std::string_view t) {
+    return ParsePositiveInt(n, t, max);
+  };
+}
+auto IntList(int max) {
+  return [max](std::string_view n, std::string_view t) {
+    return ParseIntList(n, t, max);
+  };
+}
+auto SizeOpt(uint64_t min, uint64_t multiple) {
+  return [min, multiple](std::string_view n, std::string_view t) {
+    return ParseSizeOpt(n, t, min, multiple);
+  };
+}
+
+// The options every workload shares, in the order getopt lists them.
+std::vector<BenchOption> CommonOptions(BenchOptions* o) {
+  return {
+      {"output", 0, kValue, "--output", Store(&o->output, ParseOutput)},
+      {"dir", 0, kValue, "--dir", Store(&o->dir, Text)},
+      {"device", 0, kValue, "--device", Store(&o->device, Text)},
+      {"force", 0, kNone, "--force", Set(&o->force, true)},
+      {"time", 0, kValue, "--time", Store(&o->seconds, ParseSeconds)},
+      {"count", 0, kValue, "--count", Store(&o->count, PositiveInt(1 << 30))},
+      {"cache", 0, kValue, "--cache", Store(&o->direct_io, ParseCache)},
+      {"plot", 0, kValue, "--plot", Store(&o->plot, Text)},
+      {"seed", 0, kValue, "--seed", Store(&o->seed, Uint(~0ull))},
+      {"quiet", 0, kNone, "--quiet", Set(&o->quiet, true)},
+  };
+}
+
+// The workloads' shape options.
+std::vector<BenchOption> ShapeOptions(BenchOptions* o) {
+  return {
+      {"depth", 0, kValue, "--depth", Store(&o->chain_depth, Uint(32))},
+      {"image-size", 0, kValue, "--image-size",
+       Store(&o->image_size, SizeOpt(64 << 10, 512))},
+      {"cluster-size", 0, kValue, "--cluster-size",
+       Store(&o->cluster_size, ParseClusterSize)},
+      {"overlay-cluster-size", 0, kValue, "--overlay-cluster-size",
+       Store(&o->overlay_cluster_size, ParseClusterSize)},
+      {"extended-l2", 0, kValue, "--extended-l2",
+       OneOf(&o->extended_l2, {"on", "off", "both"},
+             "on or off (sweep: also both)")},
+      {"overlay-writes", 0, kValue, "--overlay-writes",
+       Store(&o->overlay_writes_pct, Uint(100))},
+      {"bs", 0, kValue, "--bs", Store(&o->bs, ParseSizeList)},
+      {"qd", 0, kValue, "--qd", Store(&o->qd, IntList(4096))},
+      {"writers", 0, kValue, "--writers", Store(&o->writers, IntList(256))},
+      {"modes", 0, kValue, "--modes", Store(&o->modes, ParseModes)},
+      {"size-per-writer", 0, kValue, "--size-per-writer",
+       Store(&o->size_per_writer, SizeOpt(4096, 512))},
+      {"repeat", 0, kValue, "--repeat", Store(&o->repeat, PositiveInt(99))},
+      {"mix", 0, kValue, "--mix",
+       Store(&o->mix,
+             [](std::string_view, std::string_view t) { return ParseMix(t); })},
+      {"cluster-sizes", 0, kValue, "--cluster-sizes",
+       Store(&o->cluster_sizes, ParseClusterSizes)},
+  };
+}
+
+// qemu-img bench's own flags, for the pattern workload.
+std::vector<BenchOption> PatternOptions(PatternFlags* p) {
+  return {
+      {"pattern", 0, kValue, "--pattern", Store(&p->pattern, Uint(255))},
+      {"flush-interval", 0, kValue, "--flush-interval",
+       Store(&p->flush_interval, Uint(0x7fffffff))},
+      {"no-drain", 0, kNone, "--no-drain", Set(&p->drain_on_flush, false)},
+      {"pair", 0, kValue, "--pair", Store(&p->pair, Text)},
+      {"burst", 0, kValue, "--burst", Store(&p->burst, PositiveInt(1 << 30))},
+      {"", 'c', kValue, "-c", Store(&p->count, Uint(0x7fffffff))},
+      {"", 'd', kValue, "-d", Store(&p->depth, PositiveInt(65536))},
+      {"", 'f', kValue, "-f", Store(&p->format, ParseImageFormat)},
+      {"", 'i', kValue, "-i",
+       OneOf(&p->aio, {"threads", "native", "io_uring"},
+             "threads, native or io_uring")},
+      {"", 'n', kNone, "-n",
+       [](const std::string&, const char*) {
+         return absl::OkStatus();  // accepted, no effect
+       }},
+      {"", 'o', kValue, "-o", Store(&p->offset, SizeOpt(0, 1))},
+      {"", 's', kValue, "-s", Store(&p->size, SizeOpt(1, 1))},
+      {"", 'S', kValue, "-S", Store(&p->step, SizeOpt(1, 1))},
+      {"", 'w', kNone, "-w", Set(&p->write, true)},
+      {"", 'U', kNone, "-U", Set(&p->force_share, true)},
+  };
+}
+
+// Short forms of common options (-t reported as --cache, as before).
+std::vector<BenchOption> ShortOptions(BenchOptions* o) {
+  return {
+      {"", 'q', kNone, "-q", Set(&o->quiet, true)},
+      {"", 't', kValue, "--cache", Store(&o->direct_io, ParseCache)},
+  };
+}
+
+// Adds `options` to `parser`: each sets its field and is noted in
+// `o->given`, or is a usage error naming the bad value.
+void AddBenchOptions(std::vector<BenchOption> options, OptionParser* parser,
+                     BenchOptions* o) {
+  for (BenchOption& b : options) {
+    parser->Add(b.long_name, b.letter, b.arg,
+                [parser, o, name = std::string(b.name),
+                 set = std::move(b.set)](const char* arg) {
+                  if (absl::Status s = set(name, arg); !s.ok()) {
+                    return parser->Error(s.message());
+                  }
+                  o->given.push_back(name);
+                  return kGoOn;
+                });
+  }
 }
 
 }  // namespace
@@ -429,25 +398,23 @@ int ParseBenchArgs(int argc, char** argv,
       first == 2 ? std::string_view(out->workload) : std::string_view();
   const std::string usage = usage_for(named, false);
 
-  ResetGetopt();
-  int c;
-  while ((c = getopt_long(n, args.data(), "hqc:d:f:i:no:s:S:t:wU", kOptions,
-                          nullptr)) != -1) {
-    if (c == 'h') return PrintHelp(usage_for(named, true));
-    if (c == '?' || c == ':') return UsageError(usage, "");
-    const std::string name = c == 't' ? "--cache" : OptionName(c);
-    if (absl::Status s = Apply(c, name, optarg, out); !s.ok()) {
-      return UsageError(usage, s.message());
-    }
-    out->given.push_back(name);
+  OptionParser parser(usage);
+  AddBenchOptions(CommonOptions(out), &parser, out);
+  AddBenchOptions(ShapeOptions(out), &parser, out);
+  AddBenchOptions(PatternOptions(&out->pattern), &parser, out);
+  parser.Help(usage_for(named, true));
+  AddBenchOptions(ShortOptions(out), &parser, out);
+  std::vector<std::string> operands;
+  if (int rc = parser.Parse(n, args.data(), &operands); rc != kGoOn) {
+    return rc;
   }
-  for (int i = optind; i < n; ++i) {
+  for (const std::string& operand : operands) {
     if (out->workload == "pattern" && out->pattern.image.empty()) {
-      out->pattern.image = args[i];
+      out->pattern.image = operand;
       continue;
     }
     return UsageError(usage,
-                      absl::StrCat("unexpected argument '", args[i], "'"));
+                      absl::StrCat("unexpected argument '", operand, "'"));
   }
   return -1;
 }
