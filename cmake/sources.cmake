@@ -86,24 +86,24 @@ set(QCOW2_LIB_SOURCES
   ${PROJECT_SOURCE_DIR}/lib/ops/stream.cc
 )
 set(QCOWTOOL_SOURCES
-  ${PROJECT_SOURCE_DIR}/tools/bench_device.cc
-  ${PROJECT_SOURCE_DIR}/tools/bench_options.cc
-  ${PROJECT_SOURCE_DIR}/tools/bench_output.cc
-  ${PROJECT_SOURCE_DIR}/tools/bench_progress.cc
-  ${PROJECT_SOURCE_DIR}/tools/bench_runner.cc
-  ${PROJECT_SOURCE_DIR}/tools/bench_setup.cc
-  ${PROJECT_SOURCE_DIR}/tools/bench_svg.cc
+  ${PROJECT_SOURCE_DIR}/tools/bench/bench_device.cc
+  ${PROJECT_SOURCE_DIR}/tools/bench/bench_options.cc
+  ${PROJECT_SOURCE_DIR}/tools/bench/bench_output.cc
+  ${PROJECT_SOURCE_DIR}/tools/bench/bench_progress.cc
+  ${PROJECT_SOURCE_DIR}/tools/bench/bench_runner.cc
+  ${PROJECT_SOURCE_DIR}/tools/bench/bench_setup.cc
+  ${PROJECT_SOURCE_DIR}/tools/bench/bench_svg.cc
   ${PROJECT_SOURCE_DIR}/tools/chain_op_cli.cc
   ${PROJECT_SOURCE_DIR}/tools/cli_util.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_amend.cc
-  ${PROJECT_SOURCE_DIR}/tools/cmd_bench.cc
-  ${PROJECT_SOURCE_DIR}/tools/cmd_bench_cdm.cc
-  ${PROJECT_SOURCE_DIR}/tools/cmd_bench_overlay.cc
-  ${PROJECT_SOURCE_DIR}/tools/cmd_bench_pattern.cc
-  ${PROJECT_SOURCE_DIR}/tools/cmd_bench_qd.cc
-  ${PROJECT_SOURCE_DIR}/tools/cmd_bench_rmw.cc
-  ${PROJECT_SOURCE_DIR}/tools/cmd_bench_scaling.cc
-  ${PROJECT_SOURCE_DIR}/tools/cmd_bench_sweep.cc
+  ${PROJECT_SOURCE_DIR}/tools/bench/cmd_bench.cc
+  ${PROJECT_SOURCE_DIR}/tools/bench/cmd_bench_cdm.cc
+  ${PROJECT_SOURCE_DIR}/tools/bench/cmd_bench_overlay.cc
+  ${PROJECT_SOURCE_DIR}/tools/bench/cmd_bench_pattern.cc
+  ${PROJECT_SOURCE_DIR}/tools/bench/cmd_bench_qd.cc
+  ${PROJECT_SOURCE_DIR}/tools/bench/cmd_bench_rmw.cc
+  ${PROJECT_SOURCE_DIR}/tools/bench/cmd_bench_scaling.cc
+  ${PROJECT_SOURCE_DIR}/tools/bench/cmd_bench_sweep.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_bitmap.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_check.cc
   ${PROJECT_SOURCE_DIR}/tools/cmd_commit.cc
@@ -128,6 +128,8 @@ set(QCOWTOOL_SOURCES
   ${PROJECT_SOURCE_DIR}/tools/json_writer.cc
   ${PROJECT_SOURCE_DIR}/tools/main.cc
   ${PROJECT_SOURCE_DIR}/tools/map_walk.cc
+  ${PROJECT_SOURCE_DIR}/tools/option_parser.cc
+  ${PROJECT_SOURCE_DIR}/tools/serve_cli.cc
   ${PROJECT_SOURCE_DIR}/tools/progress.cc
   ${PROJECT_SOURCE_DIR}/tools/status_above.cc
 )

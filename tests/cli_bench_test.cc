@@ -20,17 +20,17 @@
 #include "tests/util/json_lite.h"
 #include "tests/util/loop_device.h"
 #include "tests/util/test_util.h"
-#include "tools/bench_output.h"
-#include "tools/bench_runner.h"
-#include "tools/bench_setup.h"
-#include "tools/bench_svg.h"
+#include "tools/bench/bench_output.h"
+#include "tools/bench/bench_runner.h"
+#include "tools/bench/bench_setup.h"
+#include "tools/bench/bench_svg.h"
 
 // The tool's helpers are not part of any library target: compile them in.
-#include "tools/bench_output.cc"    // NOLINT(build/include)
-#include "tools/bench_progress.cc"  // NOLINT(build/include)
-#include "tools/bench_runner.cc"    // NOLINT(build/include)
-#include "tools/bench_setup.cc"     // NOLINT(build/include)
-#include "tools/bench_svg.cc"       // NOLINT(build/include)
+#include "tools/bench/bench_output.cc"    // NOLINT(build/include)
+#include "tools/bench/bench_progress.cc"  // NOLINT(build/include)
+#include "tools/bench/bench_runner.cc"    // NOLINT(build/include)
+#include "tools/bench/bench_setup.cc"     // NOLINT(build/include)
+#include "tools/bench/bench_svg.cc"       // NOLINT(build/include)
 #include "tools/cli_util.cc"        // NOLINT(build/include)
 #include "tools/json_writer.cc"     // NOLINT(build/include)
 

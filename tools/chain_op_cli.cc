@@ -1,67 +1,38 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "tools/chain_op_cli.h"
 
-#include <getopt.h>
-
 #include "absl/strings/str_cat.h"
 #include "tools/cli_util.h"
 
 namespace qcow2::tool {
 
-int ParseChainArgs(int argc, char** argv, std::string_view shortopts,
-                   bool force_share, const std::string& usage,
-                   const std::function<bool(int, const char*)>& extra,
+void AddChainOptions(OptionParser* parser, bool force_share, ChainArgs* args) {
+  parser->Help().BackingRoot(&args->policy);
+  if (force_share) parser->ForceShare(&args->policy);
+  parser->Format("", 'f', &args->format)
+      .Add("", 'b', OptionParser::Arg::kRequired,
+           [args](const char* v) {
+             args->backing = v;
+             args->have_backing = true;
+             return kGoOn;
+           })
+      .Flag("", 'p', &args->progress)
+      .Flag("", 'q', &args->quiet)
+      .Text("", 't', &args->cache);
+}
+
+int ParseChainArgs(int argc, char** argv, OptionParser* parser,
                    ChainArgs* args) {
-  static const option kOptions[] = {
-      {"help", no_argument, nullptr, 'h'},
-      {"force-share", no_argument, nullptr, 'U'},
-      {"backing-root", required_argument, nullptr, kOptBackingRoot},
-      {nullptr, 0, nullptr, 0},
-  };
-  const std::string opts = absl::StrCat("hf:b:pqt:", force_share ? "U" : "",
-                                        std::string(shortopts));
-  OpenPolicy policy;
-  std::string cache = "writeback";
-  ResetGetopt();
-  int c;
-  while ((c = getopt_long(argc, argv, opts.c_str(), kOptions, nullptr)) !=
-         -1) {
-    switch (c) {
-      case 'h':
-        return PrintHelp(usage);
-      case 'f':
-        if (auto s = CheckImageFormat(optarg); !s.ok()) {
-          return UsageError(usage, s.message());
-        }
-        args->format = optarg;
-        break;
-      case 'b':
-        args->backing = optarg;
-        args->have_backing = true;
-        break;
-      case 'p':
-        args->progress = true;
-        break;
-      case 'q':
-        args->quiet = true;
-        break;
-      case 't':
-        cache = optarg;
-        break;
-      default:
-        if ((c == 'U' && !force_share) || !(policy.Take(c, optarg) ||
-                                            extra(c, optarg))) {
-          return UsageError(usage, "");
-        }
-    }
+  std::vector<std::string> operands;
+  if (int rc = parser->Parse(argc, argv, &operands); rc != kGoOn) return rc;
+  if (operands.size() != 1) {
+    return parser->Error("Expecting one image file name");
   }
-  if (argc - optind != 1) {
-    return UsageError(usage, "Expecting one image file name");
-  }
-  args->image = argv[optind];
+  args->image = operands[0];
   if (args->quiet) args->progress = false;
-  policy.ApplyTo(&args->opts.open);
-  if (absl::Status s = ApplyCacheMode(cache, &args->opts.open); !s.ok()) {
+  args->policy.ApplyTo(&args->opts.open);
+  if (absl::Status s = ApplyCacheMode(args->cache, &args->opts.open);
+      !s.ok()) {
     return ReportFailure(s.message());
   }
   return -1;

@@ -14,6 +14,8 @@
 #include "absl/status/status.h"
 #include "qcow2/maintenance.h"
 #include "qcow2/options.h"
+#include "tools/cli_util.h"
+#include "tools/option_parser.h"
 #include "tools/progress.h"
 
 namespace qcow2::tool {
@@ -27,16 +29,18 @@ struct ChainArgs {
   bool progress = false;  // -p, unless -q
   bool quiet = false;     // -q
   ChainOpOptions opts;  // -t, -U and --backing-root applied
+  OpenPolicy policy;               // -U and --backing-root as given
+  std::string cache = "writeback";  // -t as given
 };
 
-// Parses argv with getopt_long: `shortopts` lists the command's letters
-// (the shared ones, "hf:b:pqt:" and U when `force_share`, are added);
-// `extra` takes each other option (with optarg) and returns false if it
-// is not one. Returns -1 when the command should go on, else the exit
-// status (help printed, or a usage error, or a bad -t: 1).
-int ParseChainArgs(int argc, char** argv, std::string_view shortopts,
-                   bool force_share, const std::string& usage,
-                   const std::function<bool(int, const char*)>& extra,
+// Adds the shared flags to `parser` (-U and --force-share only when
+// `force_share`), to be stored in `args`.
+void AddChainOptions(OptionParser* parser, bool force_share, ChainArgs* args);
+
+// Parses argv with `parser` (the shared flags and the command's own).
+// Returns -1 when the command should go on, else the exit status (help
+// printed, or a usage error, or a bad -t: 1).
+int ParseChainArgs(int argc, char** argv, OptionParser* parser,
                    ChainArgs* args);
 
 // `head` followed by the help lines of --backing-root and -h, and the

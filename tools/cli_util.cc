@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "tools/cli_util.h"
 
-#include <getopt.h>
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -116,13 +115,6 @@ int PrintHelp(TextArg usage) {
   return kExitOk;
 }
 
-void ResetGetopt() {
-  // glibc: 0 reinitialises the scanner completely (including its
-  // argument permutation state); the next argument scanned is argv[1].
-  optind = 0;
-  opterr = 1;
-}
-
 absl::StatusOr<uint64_t> ParseSize(std::string_view text) {
   if (text.empty()) return InvalidSize(text);
   if (text[0] == '0' && text.size() > 1 && (text[1] == 'x' || text[1] == 'X')) {
@@ -193,17 +185,6 @@ absl::StatusOr<OutputFormat> ParseOutputFormat(std::string_view text) {
   if (text == "json") return OutputFormat::kJson;
   return absl::InvalidArgumentError(
       absl::StrCat("--output must be 'human' or 'json', not '", AV(text), "'"));
-}
-
-bool OpenPolicy::Take(int c, const char* arg) {
-  if (c == 'U') {
-    force_share = true;
-  } else if (c == kOptBackingRoot) {
-    backing_root = arg;
-  } else {
-    return false;
-  }
-  return true;
 }
 
 void OpenPolicy::ApplyTo(OpenOptions* opts) const {

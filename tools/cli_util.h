@@ -62,10 +62,6 @@ int ReportFailure(TextArg message);
 // Prints `usage` to stdout (for --help). Returns kExitOk.
 int PrintHelp(TextArg usage);
 
-// Makes the next getopt_long() call start afresh at argv[1] (commands are
-// called with argv[0] set to the command name).
-void ResetGetopt();
-
 // Parses a size the way qemu-img and qemu-io do: a decimal number with an
 // optional suffix b/B (bytes), k/K, m/M, g/G, t/T, p/P, e/E (powers of
 // 1024), a decimal fraction before a suffix other than b ("1.5G"), or a
@@ -84,19 +80,13 @@ enum class OutputFormat { kHuman, kJson };
 // Parses an --output value ("human" or "json").
 absl::StatusOr<OutputFormat> ParseOutputFormat(std::string_view text);
 
-// Options shared by the commands that open images. A getopt_long table
-// adds {"force-share", no_argument, nullptr, 'U'} (and 'U' in the short
-// options) and {"backing-root", required_argument, nullptr,
-// kOptBackingRoot}; the usage text adds the matching help lines.
-inline constexpr int kOptBackingRoot = 400;
-
-// -U and --backing-root as given.
+// Options shared by the commands that open images: -U and --backing-root
+// as given (OptionParser::Policy adds both; the usage text adds the
+// matching help lines).
 struct OpenPolicy {
   bool force_share = false;
   std::string backing_root;
 
-  // Takes getopt's option `c` (with `arg`) if it is one of the two.
-  bool Take(int c, const char* arg);
   // Sets OpenOptions::force_share and backing_root.
   void ApplyTo(OpenOptions* opts) const;
 };

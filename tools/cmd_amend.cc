@@ -2,7 +2,6 @@
 // qcowtool amend: changes format options of an existing qcow2 image in
 // place (qcow2::AmendImage), with qemu-img amend's syntax, option names,
 // messages and exit status (1 on any error).
-#include <getopt.h>
 
 #include <cstdio>
 #include <map>
@@ -15,6 +14,7 @@
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 #include "tools/create_options.h"
+#include "tools/option_parser.h"
 #include "tools/progress.h"
 
 namespace qcow2::tool {
@@ -187,44 +187,21 @@ absl::Status ToOptions(const std::map<std::string, std::string>& values,
 }
 
 int ParseArgs(int argc, char** argv, AmendArgs* args) {
-  enum { kOptForce = 256 };
-  static const option kOptions[] = {
-      {"format", required_argument, nullptr, 'f'},
-      {"force", no_argument, nullptr, kOptForce},
-      {"help", no_argument, nullptr, 'h'},
-      {nullptr, 0, nullptr, 0},
-  };
-  ResetGetopt();
-  int c;
-  while ((c = getopt_long(argc, argv, "f:o:pqt:h", kOptions, nullptr)) !=
-         -1) {
-    switch (c) {
-      case 'h':
-        return PrintHelp(kUsage);
-      case 'f':
-        args->format = optarg;
-        break;
-      case 'o':
-        args->lists.push_back(optarg);
-        break;
-      case 'p':
-        args->progress = true;
-        break;
-      case 'q':
-        args->quiet = true;
-        break;
-      case 't':
-      case kOptForce:
-        break;
-      default:
-        return UsageError(kUsage, "");
-    }
-  }
+  OptionParser parser(kUsage);
+  parser.Text("format", 'f', &args->format)
+      .Ignore("force", 0, OptionParser::Arg::kNone)
+      .Help()
+      .List("", 'o', &args->lists)
+      .Flag("", 'p', &args->progress)
+      .Flag("", 'q', &args->quiet)
+      .Ignore("", 't', OptionParser::Arg::kRequired);
+  std::vector<std::string> operands;
+  if (int rc = parser.Parse(argc, argv, &operands); rc != kGoOn) return rc;
   if (args->lists.empty()) return ReportFailure("Must specify options (-o)");
-  if (argc - optind != 1) {
+  if (operands.size() != 1) {
     return UsageError(kUsage, "expecting one image file name");
   }
-  args->image = argv[optind];
+  args->image = operands[0];
   return -1;
 }
 

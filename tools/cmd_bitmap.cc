@@ -7,7 +7,6 @@
 // given on the persistent dirty bitmap BITMAP of FILENAME, which is opened
 // read-write (its bitmaps marked in use) and closed cleanly (stored). Same
 // messages and exit status as qemu-img: 0 success, 1 any failure.
-#include <getopt.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -20,6 +19,7 @@
 #include "qcow2/image.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
+#include "tools/option_parser.h"
 
 namespace qcow2::tool {
 namespace {
@@ -103,82 +103,62 @@ absl::StatusOr<std::unique_ptr<Image>> OpenImage(const std::string& path,
   return image;
 }
 
+// -g: qemu-img's granularity check and message.
+int TakeGranularity(const char* v, Args* a) {
+  absl::StatusOr<uint64_t> g = ParseSize(v);
+  if (!g.ok() || *g == 0) {
+    return Fail(
+        "Invalid granularity specified. You may use k, M, G, T, P or "
+        "E suffixes for kilobytes, megabytes, gigabytes, terabytes, "
+        "petabytes and exabytes.");
+  }
+  a->granularity = *g;
+  a->granularity_set = true;
+  return kGoOn;
+}
+
+// A bad option, in this command's words.
+int BadOption(const OptionParser::BadOption& bad) {
+  return UsageError(kUsage, bad.missing_value
+                                ? absl::StrCat("option '", bad.word,
+                                               "' needs an argument")
+                                : absl::StrCat("unknown option '", bad.word,
+                                               "'"));
+}
+
 // Parses the command line; returns -1 to go on, else the exit status.
 int Parse(int argc, char** argv, Args* a) {
-  enum { kOptAdd = 300, kOptRemove, kOptClear, kOptEnable, kOptDisable,
-         kOptMerge, kOptObject, kOptImageOpts };
-  static const option kLong[] = {
-      {"help", no_argument, nullptr, 'h'},
-      {"add", no_argument, nullptr, kOptAdd},
-      {"remove", no_argument, nullptr, kOptRemove},
-      {"clear", no_argument, nullptr, kOptClear},
-      {"enable", no_argument, nullptr, kOptEnable},
-      {"disable", no_argument, nullptr, kOptDisable},
-      {"merge", required_argument, nullptr, kOptMerge},
-      {"object", required_argument, nullptr, kOptObject},
-      {"image-opts", no_argument, nullptr, kOptImageOpts},
-      {"granularity", required_argument, nullptr, 'g'},
-      {"source-file", required_argument, nullptr, 'b'},
-      {"source-format", required_argument, nullptr, 'F'},
-      {nullptr, 0, nullptr, 0}};
-  ResetGetopt();
-  int c;
-  while ((c = getopt_long(argc, argv, ":b:f:F:g:h", kLong, nullptr)) != -1) {
-    switch (c) {
-      case 'h':
-        return PrintHelp(kUsage);
-      case 'b':
-        a->source_file = optarg;
-        break;
-      case 'f':
-        a->fmt = optarg;
-        break;
-      case 'F':
-        a->source_fmt = optarg;
-        break;
-      case 'g': {
-        absl::StatusOr<uint64_t> g = ParseSize(optarg);
-        if (!g.ok() || *g == 0) {
-          return Fail(
-              "Invalid granularity specified. You may use k, M, G, T, P or "
-              "E suffixes for kilobytes, megabytes, gigabytes, terabytes, "
-              "petabytes and exabytes.");
-        }
-        a->granularity = *g;
-        a->granularity_set = true;
-        break;
-      }
-      case kOptAdd:
-        a->actions.push_back({Op::kAdd, ""});
-        a->add = true;
-        break;
-      case kOptRemove:
-        a->actions.push_back({Op::kRemove, ""});
-        break;
-      case kOptClear:
-        a->actions.push_back({Op::kClear, ""});
-        break;
-      case kOptEnable:
-        a->actions.push_back({Op::kEnable, ""});
-        break;
-      case kOptDisable:
-        a->actions.push_back({Op::kDisable, ""});
-        break;
-      case kOptMerge:
-        a->actions.push_back({Op::kMerge, optarg});
-        break;
-      case kOptObject:
-        return Fail("--object is not supported (no QEMU objects here)");
-      case kOptImageOpts:
-        return Fail("--image-opts is not supported");
-      case ':':
-        return UsageError(kUsage, absl::StrCat("option '", argv[optind - 1],
-                                               "' needs an argument"));
-      default:
-        return UsageError(kUsage, absl::StrCat("unknown option '",
-                                               argv[optind - 1], "'"));
-    }
-  }
+  using Arg = OptionParser::Arg;
+  auto action = [a](Op op) {
+    return [a, op](const char* v) {
+      a->actions.push_back({op, v != nullptr ? v : ""});
+      a->add |= op == Op::kAdd;
+      return kGoOn;
+    };
+  };
+  auto refuse = [](const char* message) {
+    return [message](const char*) { return Fail(message); };
+  };
+  OptionParser parser(kUsage);
+  parser.OnBadOption(BadOption)
+      .Help()
+      .Add("add", 0, Arg::kNone, action(Op::kAdd))
+      .Add("remove", 0, Arg::kNone, action(Op::kRemove))
+      .Add("clear", 0, Arg::kNone, action(Op::kClear))
+      .Add("enable", 0, Arg::kNone, action(Op::kEnable))
+      .Add("disable", 0, Arg::kNone, action(Op::kDisable))
+      .Add("merge", 0, Arg::kRequired, action(Op::kMerge))
+      .Add("object", 0, Arg::kRequired,
+           refuse("--object is not supported (no QEMU objects here)"))
+      .Add("image-opts", 0, Arg::kNone,
+           refuse("--image-opts is not supported"))
+      .Add("granularity", 'g', Arg::kRequired,
+           [a](const char* v) { return TakeGranularity(v, a); })
+      .Text("source-file", 'b', &a->source_file)
+      .Text("source-format", 'F', &a->source_fmt)
+      .Text("", 'f', &a->fmt);
+  std::vector<std::string> operands;
+  if (int rc = parser.Parse(argc, argv, &operands); rc != kGoOn) return rc;
   if (a->actions.empty()) {
     return Fail(
         "Need at least one of --add, --remove, --clear, --enable, "
@@ -195,9 +175,9 @@ int Parse(int argc, char** argv, Args* a) {
     for (const Action& act : a->actions) merge |= act.op == Op::kMerge;
     if (!merge) return Fail("Merge bitmap source file only supported with --merge");
   }
-  if (optind != argc - 2) return Fail("Expecting filename and bitmap name");
-  a->image = argv[optind];
-  a->bitmap = argv[optind + 1];
+  if (operands.size() != 2) return Fail("Expecting filename and bitmap name");
+  a->image = operands[0];
+  a->bitmap = operands[1];
   for (const std::string* f : {&a->fmt, &a->source_fmt}) {
     if (!f->empty() && *f != "qcow2") {
       return Fail(absl::StrCat("Format '", *f,

@@ -5,7 +5,6 @@
 // keys in the same order), same lines on stderr, same exit codes: 0 clean,
 // 1 check not completed (or bad arguments), 2 corruptions, 3 leaks only,
 // 63 the file is not qcow2 and no format was given.
-#include <getopt.h>
 
 #include <cstdio>
 #include <string>
@@ -18,6 +17,7 @@
 #include "qcow2/maintenance.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
+#include "tools/option_parser.h"
 
 namespace qcow2::tool {
 namespace {
@@ -179,73 +179,84 @@ void PrintMessages(const CheckReport& r, size_t begin, size_t end) {
   std::fflush(stderr);
 }
 
+// qemu-img check's words for a bad option.
+int BadOption(const OptionParser::BadOption& bad) {
+  const std::string letter(1, static_cast<char>(bad.letter));
+  if (bad.missing_value) {
+    return Usage(bad.letter != 0
+                     ? absl::StrCat("option requires an argument -- '",
+                                    letter, "'")
+                     : absl::StrCat("option '", bad.word,
+                                    "' requires an argument"));
+  }
+  return Usage(bad.letter != 0
+                   ? absl::StrCat("invalid option -- '", letter, "'")
+                   : absl::StrCat("unrecognized option '", bad.word, "'"));
+}
+
+struct CheckArgs {
+  RepairMode mode = RepairMode::kNone;
+  bool json = false;
+  bool quiet = false;
+  OpenPolicy policy;
+  std::string format;
+  std::string filename;
+};
+
+// -r: what to repair.
+int TakeRepairMode(const char* v, RepairMode* mode) {
+  if (std::string_view(v) == "leaks") {
+    *mode = RepairMode::kLeaks;
+  } else if (std::string_view(v) == "all") {
+    *mode = RepairMode::kAll;
+  } else {
+    return Usage(absl::StrCat(
+        "Unknown option value for -r (expecting 'leaks' or 'all'): ", v));
+  }
+  return kGoOn;
+}
+
+// --output=human|json, in qemu-img check's words.
+int TakeOutput(const char* v, bool* json) {
+  const std::string_view o = v;
+  if (o != "json" && o != "human") {
+    return Usage("--output must be used with human or json as argument.");
+  }
+  *json = o == "json";
+  return kGoOn;
+}
+
+// Returns -1 when parsed, else the exit status to return.
+int ParseArgs(int argc, char** argv, CheckArgs* a) {
+  using Arg = OptionParser::Arg;
+  OptionParser parser(kUsage);
+  parser.OnBadOption(BadOption)
+      .Help()
+      .Add("output", 0, Arg::kRequired,
+           [a](const char* v) { return TakeOutput(v, &a->json); })
+      .ForceShare(&a->policy)
+      .Text("", 'f', &a->format)
+      .Add("", 'r', Arg::kRequired,
+           [a](const char* v) { return TakeRepairMode(v, &a->mode); })
+      .Flag("", 'q', &a->quiet)
+      .Ignore("", 'T', Arg::kRequired);  // cache mode
+  std::vector<std::string> operands;
+  if (int rc = parser.Parse(argc, argv, &operands); rc != kGoOn) return rc;
+  if (operands.size() != 1) return Usage("Expecting one image file name");
+  a->filename = operands[0];
+  return kGoOn;
+}
+
 }  // namespace
 
 int RunCheck(int argc, char** argv) {
-  enum { kOptOutput = 256 };
-  static const option kLongOptions[] = {
-      {"help", no_argument, nullptr, 'h'},
-      {"output", required_argument, nullptr, kOptOutput},
-      {"force-share", no_argument, nullptr, 'U'},
-      {nullptr, 0, nullptr, 0},
-  };
-  RepairMode mode = RepairMode::kNone;
-  bool json = false, quiet = false, force_share = false;
-  std::string format;
-  ResetGetopt();
-  opterr = 0;  // our own messages, in qemu-img's words
-  int c;
-  while ((c = getopt_long(argc, argv, ":hf:r:qUT:", kLongOptions, nullptr)) !=
-         -1) {
-    switch (c) {
-      case 'h':
-        return PrintHelp(kUsage);
-      case 'f':
-        format = optarg;
-        break;
-      case 'r':
-        if (std::string(optarg) == "leaks") {
-          mode = RepairMode::kLeaks;
-        } else if (std::string(optarg) == "all") {
-          mode = RepairMode::kAll;
-        } else {
-          return Usage(
-              absl::StrCat("Unknown option value for -r (expecting "
-                           "'leaks' or 'all'): ",
-                           optarg));
-        }
-        break;
-      case 'q':
-        quiet = true;
-        break;
-      case 'U':
-        force_share = true;
-        break;
-      case 'T':  // cache mode: accepted, ignored
-        break;
-      case kOptOutput:
-        if (std::string(optarg) == "json") {
-          json = true;
-        } else if (std::string(optarg) == "human") {
-          json = false;
-        } else {
-          return Usage("--output must be used with human or json as argument.");
-        }
-        break;
-      case ':':
-        return Usage(absl::StrCat("option requires an argument -- '",
-                                  std::string(1, static_cast<char>(optopt)),
-                                  "'"));
-      default:
-        return Usage(
-            optopt
-                ? absl::StrCat("invalid option -- '",
-                               std::string(1, static_cast<char>(optopt)), "'")
-                : absl::StrCat("unrecognized option '", argv[optind - 1], "'"));
-    }
-  }
-  if (optind != argc - 1) return Usage("Expecting one image file name");
-  const std::string filename = argv[optind];
+  CheckArgs args;
+  if (int rc = ParseArgs(argc, argv, &args); rc != kGoOn) return rc;
+  const RepairMode mode = args.mode;
+  const bool json = args.json, quiet = args.quiet;
+  const bool force_share = args.policy.force_share;
+  const std::string& format = args.format;
+  const std::string& filename = args.filename;
   if (!format.empty() && format != "qcow2") {
     if (format == "raw") {
       std::fprintf(stderr,

@@ -40,13 +40,10 @@ int RunCommit(int argc, char** argv) {
       kUsage, "Exit status (qemu-img's): 0 committed, 1 on any error.\n");
   ChainArgs args;
   CommitSpec spec;
-  auto extra = [&](int c, const char*) {
-    if (c != 'd') return false;
-    spec.keep_top = true;
-    return true;
-  };
-  if (int rc = ParseChainArgs(argc, argv, "d", false, usage, extra, &args);
-      rc >= 0) {
+  OptionParser parser(usage);
+  AddChainOptions(&parser, false, &args);
+  parser.Flag("", 'd', &spec.keep_top);
+  if (int rc = ParseChainArgs(argc, argv, &parser, &args); rc >= 0) {
     return rc;
   }
   spec.image = args.image;

@@ -8,7 +8,6 @@
 // allocated in one only must read as zeros there. Mismatches are reported
 // at the first differing 512-byte sector, counted from the start of the
 // range being compared, as QEMU counts.
-#include <getopt.h>
 
 #include <algorithm>
 #include <cinttypes>
@@ -21,6 +20,7 @@
 #include "qcow2/image.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
+#include "tools/option_parser.h"
 #include "tools/progress.h"
 #include "tools/status_above.h"
 
@@ -74,45 +74,21 @@ struct CompareArgs {
 };
 
 int ParseArgs(int argc, char** argv, CompareArgs* args) {
-  static const option kOptions[] = {
-      {"force-share", no_argument, nullptr, 'U'},
-      {"backing-root", required_argument, nullptr, kOptBackingRoot},
-      {"help", no_argument, nullptr, 'h'},
-      {nullptr, 0, nullptr, 0},
-  };
-  ResetGetopt();
-  int c;
-  while ((c = getopt_long(argc, argv, "f:F:pqsUh", kOptions, nullptr)) !=
-         -1) {
-    switch (c) {
-      case 'h':
-        return PrintHelp(Usage());
-      case 'f':
-      case 'F':
-        if (auto s = CheckImageFormat(optarg); !s.ok()) {
-          return UsageError(Usage(), s.message());
-        }
-        args->format[c == 'f' ? 0 : 1] = optarg;
-        break;
-      case 'p':
-        args->progress = true;
-        break;
-      case 'q':
-        args->quiet = true;
-        break;
-      case 's':
-        args->strict = true;
-        break;
-      default:
-        if (args->policy.Take(c, optarg)) break;
-        return UsageError(Usage(), "");
-    }
-  }
-  if (argc - optind != 2) {
+  OptionParser parser(Usage());
+  parser.Policy(&args->policy)
+      .Help()
+      .Format("", 'f', &args->format[0])
+      .Format("", 'F', &args->format[1])
+      .Flag("", 'p', &args->progress)
+      .Flag("", 'q', &args->quiet)
+      .Flag("", 's', &args->strict);
+  std::vector<std::string> operands;
+  if (int rc = parser.Parse(argc, argv, &operands); rc != kGoOn) return rc;
+  if (operands.size() != 2) {
     return UsageError(Usage(), "expecting two image file names");
   }
-  args->name[0] = argv[optind];
-  args->name[1] = argv[optind + 1];
+  args->name[0] = operands[0];
+  args->name[1] = operands[1];
   if (args->quiet) args->progress = false;
   return -1;
 }

@@ -4,7 +4,6 @@
 // does, with its flags (-O, -o, -c, -B/-F, -n, -S, -p, -q, -W, -m) and
 // messages. The copy itself is tools/convert_copy.cc.
 #include <fcntl.h>
-#include <getopt.h>
 #include <linux/falloc.h>
 #include <linux/fs.h>
 #include <sys/ioctl.h>
@@ -26,6 +25,7 @@
 #include "tools/commands.h"
 #include "tools/convert_copy.h"
 #include "tools/create_options.h"
+#include "tools/option_parser.h"
 #include "tools/progress.h"
 
 namespace qcow2::tool {
@@ -100,103 +100,79 @@ struct ConvertArgs {
   std::string dest;
 };
 
+// -O: the output formats convert writes.
+int TakeOutFormat(const OptionParser& parser, const char* v,
+                  ConvertArgs* args) {
+  if (std::string_view(v) != "raw" && std::string_view(v) != "qcow2") {
+    return parser.Error(absl::StrCat("output format '", v,
+                                     "' is not supported (qcow2 or raw)"));
+  }
+  args->out_format = v;
+  return kGoOn;
+}
+
+// -S: qemu-img's limits for the sparse-detection size.
+int TakeMinSparse(const char* v, ConvertArgs* args) {
+  absl::StatusOr<uint64_t> n = ParseSize(v);
+  if (!n.ok() || *n % 512 != 0 || *n > kMaxSparse) {
+    return ReportFailure(
+        "Invalid buffer size for sparse output specified. Valid sizes "
+        "are multiples of 512 up to 16777216. Select 0 to disable "
+        "sparse detection (fully allocates output).");
+  }
+  args->min_sparse = *n;
+  return kGoOn;
+}
+
+// -m: requests in flight, qemu-img's 1 to 16.
+int TakeWorkers(const char* v, ConvertArgs* args) {
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  if (end == v || *end != '\0' || n < 1 || n > 16) {
+    return ReportFailure(
+        "Invalid number of coroutines. Allowed number of coroutines is "
+        "between 1 and 16");
+  }
+  args->workers = static_cast<int>(n);
+  return kGoOn;
+}
+
 // Returns -1 when parsed, else the exit status to return.
 int ParseArgs(int argc, char** argv, ConvertArgs* args) {
-  static const option kOptions[] = {
-      {"format", required_argument, nullptr, 'f'},
-      {"force-share", no_argument, nullptr, 'U'},
-      {"backing-root", required_argument, nullptr, kOptBackingRoot},
-      {"help", no_argument, nullptr, 'h'},
-      {nullptr, 0, nullptr, 0},
-  };
-  ResetGetopt();
-  int c;
-  while ((c = getopt_long(argc, argv, "f:O:o:cB:F:nS:pqWm:t:T:Uh", kOptions,
-                          nullptr)) != -1) {
-    switch (c) {
-      case 'h':
-        return PrintHelp(Usage());
-      case 'f':
-        if (auto s = CheckImageFormat(optarg); !s.ok()) {
-          return UsageError(Usage(), s.message());
-        }
-        args->format = optarg;
-        break;
-      case 'O':
-        if (std::string_view(optarg) != "raw" &&
-            std::string_view(optarg) != "qcow2") {
-          return UsageError(Usage(),
-                            absl::StrCat("output format '", optarg,
-                                         "' is not supported (qcow2 or raw)"));
-        }
-        args->out_format = optarg;
-        break;
-      case 'o':
-        args->option_lists.push_back(optarg);
-        break;
-      case 'c':
-        args->compress = true;
-        break;
-      case 'B':
-        args->backing = optarg;
-        break;
-      case 'F':
-        args->backing_format = optarg;
-        break;
-      case 'n':
-        args->no_create = true;
-        break;
-      case 'S': {
-        absl::StatusOr<uint64_t> v = ParseSize(optarg);
-        if (!v.ok() || *v % 512 != 0 || *v > kMaxSparse) {
-          return ReportFailure(
-              "Invalid buffer size for sparse output specified. Valid sizes "
-              "are multiples of 512 up to 16777216. Select 0 to disable "
-              "sparse detection (fully allocates output).");
-        }
-        args->min_sparse = *v;
-        break;
-      }
-      case 'p':
-        args->progress = true;
-        break;
-      case 'q':
-        args->quiet = true;
-        break;
-      case 'W':
-        args->out_of_order = true;
-        break;
-      case 't':
-        args->cache = optarg;
-        break;
-      case 'T':
-        args->src_cache = optarg;
-        break;
-      case 'm': {
-        char* end = nullptr;
-        const long n = std::strtol(optarg, &end, 10);
-        if (end == optarg || *end != '\0' || n < 1 || n > 16) {
-          return ReportFailure(
-              "Invalid number of coroutines. Allowed number of coroutines is "
-              "between 1 and 16");
-        }
-        args->workers = static_cast<int>(n);
-        break;
-      }
-      default:
-        if (args->policy.Take(c, optarg)) break;
-        return UsageError(Usage(), "");
-    }
-  }
-  if (argc - optind < 2) {
+  using Arg = OptionParser::Arg;
+  OptionParser parser(Usage());
+  parser.Format(&args->format)
+      .Policy(&args->policy)
+      .Help()
+      .Add("", 'O', Arg::kRequired,
+           [&parser, args](const char* v) {
+             return TakeOutFormat(parser, v, args);
+           })
+      .List("", 'o', &args->option_lists)
+      .Flag("", 'c', &args->compress)
+      .Text("", 'B', &args->backing)
+      .Text("", 'F', &args->backing_format)
+      .Flag("", 'n', &args->no_create)
+      .Add("", 'S', Arg::kRequired,
+           [args](const char* v) { return TakeMinSparse(v, args); })
+      .Flag("", 'p', &args->progress)
+      .Flag("", 'q', &args->quiet)
+      .Flag("", 'W', &args->out_of_order)
+      .Add("", 'm', Arg::kRequired,
+           [args](const char* v) { return TakeWorkers(v, args); })
+      .Text("", 't', &args->cache)
+      .Text("", 'T', &args->src_cache);
+  std::vector<std::string> operands;
+  if (int rc = parser.Parse(argc, argv, &operands); rc != kGoOn) return rc;
+  if (operands.size() < 2) {
     return UsageError(Usage(), "expecting a source and a destination");
   }
-  if (argc - optind > 2) {
+  if (operands.size() > 2) {
     return UsageError(
-        Usage(), absl::StrCat("unexpected argument '", argv[optind + 2], "'"));
+        Usage(), absl::StrCat("unexpected argument '", operands[2], "'"));
   }
-  args->source = argv[optind];
-  args->dest = argv[optind + 1];
+  args->source = operands[0];
+  args->dest = operands[1];
   return -1;
 }
 

@@ -4,7 +4,6 @@
 //
 // Every option is checked (names, values and combinations) before anything
 // on disk changes, so a typo never destroys an existing FILE.
-#include <getopt.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -23,6 +22,7 @@
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 #include "tools/create_options.h"
+#include "tools/option_parser.h"
 
 namespace qcow2::tool {
 
@@ -183,50 +183,15 @@ struct CreateArgs {
 
 // Returns -1 when parsed, else the exit status to return.
 int ParseArgs(int argc, char** argv, const std::string& usage, CreateArgs* a) {
-  static const option kOptions[] = {
-      {"help", no_argument, nullptr, 'h'},
-      {"format", required_argument, nullptr, 'f'},
-      {"options", required_argument, nullptr, 'o'},
-      {"backing", required_argument, nullptr, 'b'},
-      {"backing-format", required_argument, nullptr, 'F'},
-      {"unsafe", no_argument, nullptr, 'u'},
-      {"quiet", no_argument, nullptr, 'q'},
-      {nullptr, 0, nullptr, 0},
-  };
-  ResetGetopt();
-  int c;
-  while ((c = getopt_long(argc, argv, "f:o:b:F:uqh", kOptions, nullptr)) !=
-         -1) {
-    switch (c) {
-      case 'h':
-        return PrintHelp(usage);
-      case 'f':
-        if (auto s = CheckImageFormat(optarg); !s.ok()) {
-          return UsageError(usage, s.message());
-        }
-        a->format = optarg;
-        break;
-      case 'o':
-        a->option_lists.push_back(optarg);
-        break;
-      case 'b':
-        a->backing = optarg;
-        break;
-      case 'F':
-        a->backing_format = optarg;
-        break;
-      case 'u':
-        a->unsafe = true;
-        break;
-      case 'q':
-        a->quiet = true;
-        break;
-      default:
-        return UsageError(usage, "");
-    }
-  }
-  for (int i = optind; i < argc; ++i) a->positional.push_back(argv[i]);
-  return -1;
+  OptionParser parser(usage);
+  parser.Help()
+      .Format(&a->format)
+      .List("options", 'o', &a->option_lists)
+      .Text("backing", 'b', &a->backing)
+      .Text("backing-format", 'F', &a->backing_format)
+      .Flag("unsafe", 'u', &a->unsafe)
+      .Flag("quiet", 'q', &a->quiet);
+  return parser.Parse(argc, argv, &a->positional);
 }
 
 // Turns the parsed arguments into a checked request. Returns -1 when done,

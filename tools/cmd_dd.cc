@@ -13,7 +13,6 @@
 //     and the exit status is 0, as dd(1) does;
 //   - the output is created with the copy's length rounded up to 512 and
 //     every block is written, zeros included.
-#include <getopt.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -36,6 +35,7 @@
 #include "qcow2/options.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
+#include "tools/option_parser.h"
 
 namespace qcow2::tool {
 namespace {
@@ -147,34 +147,15 @@ bool TakeOperand(std::string_view operand, DdArgs* a) {
 
 // Returns -1 when parsed, else the exit status to return.
 int ParseArgs(int argc, char** argv, DdArgs* a) {
-  static const option kOptions[] = {
-      {"help", no_argument, nullptr, 'h'},
-      {"force-share", no_argument, nullptr, 'U'},
-      {"backing-root", required_argument, nullptr, kOptBackingRoot},
-      {nullptr, 0, nullptr, 0},
-  };
-  ResetGetopt();
-  int c;
-  while ((c = getopt_long(argc, argv, "hf:O:U", kOptions, nullptr)) != -1) {
-    switch (c) {
-      case 'h':
-        return PrintHelp(Usage());
-      case 'f':
-        if (auto s = CheckImageFormat(optarg); !s.ok()) {
-          return UsageError(Usage(), s.message());
-        }
-        a->in_format = optarg;
-        break;
-      case 'O':
-        a->out_format = optarg;
-        break;
-      default:
-        if (a->policy.Take(c, optarg)) break;
-        return UsageError(Usage(), "");
-    }
-  }
-  for (int i = optind; i < argc; ++i) {
-    if (!TakeOperand(argv[i], a)) return 1;
+  OptionParser parser(Usage());
+  parser.Help()
+      .Policy(&a->policy)
+      .Format("", 'f', &a->in_format)
+      .Text("", 'O', &a->out_format);
+  std::vector<std::string> operands;
+  if (int rc = parser.Parse(argc, argv, &operands); rc != kGoOn) return rc;
+  for (const std::string& operand : operands) {
+    if (!TakeOperand(operand, a)) return 1;
   }
   if (!a->has_if || !a->has_of) {
     return ReportFailure("Must specify both input and output files");

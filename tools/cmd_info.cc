@@ -1,8 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // qcowtool info: facts about an image (and its backing chain), printed as
 // `qemu-img info` prints them.
-#include <getopt.h>
-
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -11,6 +9,7 @@
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 #include "tools/image_info.h"
+#include "tools/option_parser.h"
 
 namespace qcow2::tool {
 namespace {
@@ -49,49 +48,13 @@ struct InfoArgs {
 
 // Returns -1 when parsed, else the exit status to return.
 int ParseArgs(int argc, char** argv, InfoArgs* args) {
-  enum { kOutput = 256, kBackingChain };
-  static const option kOptions[] = {
-      {"output", required_argument, nullptr, kOutput},
-      {"backing-chain", no_argument, nullptr, kBackingChain},
-      {"format", required_argument, nullptr, 'f'},
-      {"force-share", no_argument, nullptr, 'U'},
-      {"backing-root", required_argument, nullptr, kOptBackingRoot},
-      {"help", no_argument, nullptr, 'h'},
-      {nullptr, 0, nullptr, 0},
-  };
-  ResetGetopt();
-  int c;
-  while ((c = getopt_long(argc, argv, "f:Uh", kOptions, nullptr)) != -1) {
-    switch (c) {
-      case 'h':
-        return PrintHelp(Usage());
-      case 'f':
-        if (auto s = CheckImageFormat(optarg); !s.ok()) {
-          return UsageError(Usage(), s.message());
-        }
-        args->format = optarg;
-        break;
-      case kOutput: {
-        auto f = ParseOutputFormat(optarg);
-        if (!f.ok()) return UsageError(Usage(), f.status().message());
-        args->output = *f;
-        break;
-      }
-      case kBackingChain:
-        args->backing_chain = true;
-        break;
-      default:
-        if (args->policy.Take(c, optarg)) break;
-        return UsageError(Usage(), "");
-    }
-  }
-  if (optind >= argc) return UsageError(Usage(), "expecting an image name");
-  if (optind + 1 < argc) {
-    return UsageError(
-        Usage(), std::string("unexpected argument '") + argv[optind + 1] + "'");
-  }
-  args->image = argv[optind];
-  return -1;
+  OptionParser parser(Usage());
+  parser.Output(&args->output)
+      .Flag("backing-chain", 0, &args->backing_chain)
+      .Format(&args->format)
+      .Policy(&args->policy)
+      .Help();
+  return ParseOneImage(&parser, argc, argv, &args->image);
 }
 
 }  // namespace

@@ -5,7 +5,6 @@
 // Unlike qemu-io, every -c command is parsed (and its range checked against
 // the image size) before the first one runs, the run stops at the first
 // failing command, and the exit status says what failed.
-#include <getopt.h>
 
 #include <algorithm>
 #include <cctype>
@@ -23,6 +22,7 @@
 #include "qcow2/image.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
+#include "tools/option_parser.h"
 
 namespace qcow2::tool {
 namespace {
@@ -521,42 +521,17 @@ struct IoArgs {
 
 // Returns -1 when parsed, else the exit status to return.
 int ParseArgs(int argc, char** argv, IoArgs* args) {
-  static const option kOptions[] = {
-      {"help", no_argument, nullptr, 'h'},
-      {"cmd", required_argument, nullptr, 'c'},
-      {"format", required_argument, nullptr, 'f'},
-      {"read-only", no_argument, nullptr, 'r'},
-      {"force-share", no_argument, nullptr, 'U'},
-      {"backing-root", required_argument, nullptr, kOptBackingRoot},
-      {nullptr, 0, nullptr, 0},
-  };
-  ResetGetopt();
-  int c;
-  while ((c = getopt_long(argc, argv, "c:f:rUh", kOptions, nullptr)) != -1) {
-    switch (c) {
-      case 'h':
-        return PrintHelp(Usage());
-      case 'c':
-        args->commands.push_back(optarg);
-        break;
-      case 'f':
-        if (auto s = CheckImageFormat(optarg); !s.ok()) {
-          return UsageError(kShortUsage, s.message());
-        }
-        args->format = optarg;
-        break;
-      case 'r':
-        args->read_only = true;
-        break;
-      default:
-        if (args->policy.Take(c, optarg)) break;
-        return UsageError(kShortUsage, "");
-    }
-  }
-  if (optind >= argc) return UsageError(kShortUsage, "expecting an image name");
-  if (optind + 1 < argc) {
-    return UsageError(kShortUsage, absl::StrCat("unexpected argument '",
-                                                argv[optind + 1], "'"));
+  OptionParser parser(kShortUsage);
+  parser.Help(Usage())
+      .List("cmd", 'c', &args->commands)
+      .Format(&args->format)
+      .Flag("read-only", 'r', &args->read_only)
+      .Policy(&args->policy);
+  std::vector<std::string> operands;
+  if (int rc = parser.Parse(argc, argv, &operands); rc != kGoOn) return rc;
+  std::string image;
+  if (int rc = ExpectOneImage(parser, operands, &image); rc != kGoOn) {
+    return rc;
   }
   if (args->policy.force_share && !args->read_only) {
     return UsageError(kShortUsage,
@@ -565,7 +540,7 @@ int ParseArgs(int argc, char** argv, IoArgs* args) {
   if (args->commands.empty()) {
     return UsageError(kShortUsage, "expecting at least one -c command");
   }
-  args->image = argv[optind];
+  args->image = image;
   return -1;
 }
 

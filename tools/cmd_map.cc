@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // qcowtool map: where each range of the virtual disk comes from, printed
 // exactly as `qemu-img map` prints it.
-#include <getopt.h>
 
 #include <algorithm>
 #include <cinttypes>
@@ -14,6 +13,7 @@
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 #include "tools/map_walk.h"
+#include "tools/option_parser.h"
 
 namespace qcow2::tool {
 namespace {
@@ -56,58 +56,24 @@ std::string Usage() {
 
 // Returns -1 when parsed, else the exit status to return.
 int ParseArgs(int argc, char** argv, MapArgs* args) {
-  enum { kOutput = 256, kStart, kMaxLength };
-  static const option kOptions[] = {
-      {"output", required_argument, nullptr, kOutput},
-      {"start-offset", required_argument, nullptr, kStart},
-      {"max-length", required_argument, nullptr, kMaxLength},
-      {"format", required_argument, nullptr, 'f'},
-      {"force-share", no_argument, nullptr, 'U'},
-      {"backing-root", required_argument, nullptr, kOptBackingRoot},
-      {"help", no_argument, nullptr, 'h'},
-      {nullptr, 0, nullptr, 0},
+  OptionParser parser(Usage());
+  auto size = [&parser](auto store) {
+    return [&parser, store](const char* v) {
+      auto n = ParseSize(v);
+      if (!n.ok()) return parser.Error(n.status().message());
+      store(*n);
+      return kGoOn;
+    };
   };
-  ResetGetopt();
-  int c;
-  while ((c = getopt_long(argc, argv, "f:Uh", kOptions, nullptr)) != -1) {
-    switch (c) {
-      case 'h':
-        return PrintHelp(Usage());
-      case 'f':
-        if (auto s = CheckImageFormat(optarg); !s.ok()) {
-          return UsageError(Usage(), s.message());
-        }
-        args->format = optarg;
-        break;
-      case kOutput: {
-        auto f = ParseOutputFormat(optarg);
-        if (!f.ok()) return UsageError(Usage(), f.status().message());
-        args->output = *f;
-        break;
-      }
-      case kStart:
-      case kMaxLength: {
-        auto v = ParseSize(optarg);
-        if (!v.ok()) return UsageError(Usage(), v.status().message());
-        if (c == kStart) {
-          args->start = *v;
-        } else {
-          args->max_length = *v;
-        }
-        break;
-      }
-      default:
-        if (args->policy.Take(c, optarg)) break;
-        return UsageError(Usage(), "");
-    }
-  }
-  if (optind >= argc) return UsageError(Usage(), "expecting an image name");
-  if (optind + 1 < argc) {
-    return UsageError(
-        Usage(), std::string("unexpected argument '") + argv[optind + 1] + "'");
-  }
-  args->image = argv[optind];
-  return -1;
+  parser.Output(&args->output)
+      .Add("start-offset", 0, OptionParser::Arg::kRequired,
+           size([args](uint64_t n) { args->start = n; }))
+      .Add("max-length", 0, OptionParser::Arg::kRequired,
+           size([args](uint64_t n) { args->max_length = n; }))
+      .Format(&args->format)
+      .Policy(&args->policy)
+      .Help();
+  return ParseOneImage(&parser, argc, argv, &args->image);
 }
 
 // QEMU's dump_map_entry(). `next` may be modified (human output folds

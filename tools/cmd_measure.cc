@@ -2,7 +2,6 @@
 // qcowtool measure: the file size a new image needs, for a given virtual
 // size or to hold a copy of an existing image, printed exactly as
 // `qemu-img measure` prints it (qcow2/maintenance.h has the formulas).
-#include <getopt.h>
 
 #include <cinttypes>
 #include <cstdio>
@@ -20,6 +19,7 @@
 #include "tools/commands.h"
 #include "tools/create_options.h"
 #include "tools/json_writer.h"
+#include "tools/option_parser.h"
 #include "tools/status_above.h"
 
 namespace qcow2::tool {
@@ -67,60 +67,37 @@ struct MeasureArgs {
 };
 
 int ParseArgs(int argc, char** argv, MeasureArgs* args) {
-  enum { kOptOutput = 256, kOptSize };
-  static const option kOptions[] = {
-      {"output", required_argument, nullptr, kOptOutput},
-      {"size", required_argument, nullptr, kOptSize},
-      {"force-share", no_argument, nullptr, 'U'},
-      {"backing-root", required_argument, nullptr, kOptBackingRoot},
-      {"help", no_argument, nullptr, 'h'},
-      {nullptr, 0, nullptr, 0},
-  };
-  ResetGetopt();
-  int c;
-  while ((c = getopt_long(argc, argv, "f:O:o:l:Uh", kOptions, nullptr)) !=
-         -1) {
-    switch (c) {
-      case 'h':
-        return PrintHelp(Usage());
-      case 'f':
-        if (auto s = CheckImageFormat(optarg); !s.ok()) {
-          return UsageError(Usage(), s.message());
-        }
-        args->format = optarg;
-        break;
-      case 'O':
-        args->out_format = optarg;
-        break;
-      case 'o':
-        args->option_lists.push_back(optarg);
-        break;
-      case 'l':
-        args->snapshot = true;
-        break;
-      case kOptOutput: {
-        auto f = ParseOutputFormat(optarg);
-        if (!f.ok()) {
-          return ReportFailure("--output must be used with human or json as argument.");
-        }
-        args->output = *f;
-        break;
-      }
-      case kOptSize: {
-        auto v = ParseSize(optarg);
-        if (!v.ok()) return ReportFailure(v.status().message());
-        args->size = *v;
-        break;
-      }
-      default:
-        if (args->policy.Take(c, optarg)) break;
-        return UsageError(Usage(), "");
-    }
-  }
-  if (argc - optind > 1) {
+  OptionParser parser(Usage());
+  parser
+      .Add("output", 0, OptionParser::Arg::kRequired,
+           [args](const char* v) {
+             auto f = ParseOutputFormat(v);
+             if (!f.ok()) {
+               return ReportFailure(
+                   "--output must be used with human or json as argument.");
+             }
+             args->output = *f;
+             return kGoOn;
+           })
+      .Add("size", 0, OptionParser::Arg::kRequired,
+           [args](const char* v) {
+             auto n = ParseSize(v);
+             if (!n.ok()) return ReportFailure(n.status().message());
+             args->size = *n;
+             return kGoOn;
+           })
+      .Policy(&args->policy)
+      .Help()
+      .Format("", 'f', &args->format)
+      .Text("", 'O', &args->out_format)
+      .List("", 'o', &args->option_lists)
+      .Flag("", 'l', &args->snapshot);
+  std::vector<std::string> operands;
+  if (int rc = parser.Parse(argc, argv, &operands); rc != kGoOn) return rc;
+  if (operands.size() > 1) {
     return ReportFailure("At most one filename argument is allowed.");
   }
-  if (argc - optind == 1) args->filename = argv[optind];
+  if (operands.size() == 1) args->filename = operands[0];
   if (!args->filename && (!args->format.empty() || args->snapshot)) {
     return ReportFailure("-f and -l require a filename argument.");
   }

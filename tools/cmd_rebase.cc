@@ -47,21 +47,17 @@ int RunRebase(int argc, char** argv) {
   ChainArgs args;
   RebaseSpec spec;
   std::string src_cache = "writeback", bad_format;
-  auto extra = [&](int c, const char* arg) {
-    if (c == 'u') {
-      spec.unsafe = true;
-    } else if (c == 'T') {
-      src_cache = arg;
-    } else if (c == 'F') {
-      if (!CheckImageFormat(arg).ok()) bad_format = arg;
-      spec.backing_format = arg;
-    } else {
-      return false;
-    }
-    return true;
-  };
-  if (int rc = ParseChainArgs(argc, argv, "uT:F:", true, usage, extra, &args);
-      rc >= 0) {
+  OptionParser parser(usage);
+  AddChainOptions(&parser, true, &args);
+  parser.Flag("", 'u', &spec.unsafe)
+      .Text("", 'T', &src_cache)
+      .Add("", 'F', OptionParser::Arg::kRequired, [&](const char* v) {
+        // Reported after the other options, as qemu-img does.
+        if (!CheckImageFormat(v).ok()) bad_format = v;
+        spec.backing_format = v;
+        return kGoOn;
+      });
+  if (int rc = ParseChainArgs(argc, argv, &parser, &args); rc >= 0) {
     return rc;
   }
   if (!bad_format.empty()) {

@@ -7,7 +7,6 @@
 // --preallocation=falloc|full allocating the new part as QEMU's file
 // driver does. qcow2 images shrink through Image::Resize too.
 #include <fcntl.h>
-#include <getopt.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +20,7 @@
 #include "qcow2/image.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
+#include "tools/option_parser.h"
 
 namespace qcow2::tool {
 namespace {
@@ -75,14 +75,6 @@ bool ParsePrealloc(std::string_view v, Prealloc* out) {
 }
 
 int ParseArgs(int argc, char** argv, ResizeArgs* args) {
-  enum { kOptPrealloc = 256, kOptShrink };
-  static const option kOptions[] = {
-      {"format", required_argument, nullptr, 'f'},
-      {"preallocation", required_argument, nullptr, kOptPrealloc},
-      {"shrink", no_argument, nullptr, kOptShrink},
-      {"help", no_argument, nullptr, 'h'},
-      {nullptr, 0, nullptr, 0},
-  };
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     if (a == "--help" || a == "-h") return PrintHelp(kUsage);
@@ -90,36 +82,25 @@ int ParseArgs(int argc, char** argv, ResizeArgs* args) {
   // The size goes first, so that "-1G" is not taken for an option.
   if (argc < 3) return UsageError(kUsage, "not enough arguments");
   args->size = argv[--argc];
-  ResetGetopt();
-  int c;
-  while ((c = getopt_long(argc, argv, "f:q", kOptions, nullptr)) != -1) {
-    switch (c) {
-      case 'f':
-        if (auto s = CheckImageFormat(optarg); !s.ok()) {
-          return UsageError(kUsage, s.message());
-        }
-        args->format = optarg;
-        break;
-      case 'q':
-        args->quiet = true;
-        break;
-      case kOptPrealloc:
-        if (!ParsePrealloc(optarg, &args->prealloc)) {
-          return ReportFailure(absl::StrCat("Invalid preallocation mode '", optarg,
-                                   "'"));
-        }
-        break;
-      case kOptShrink:
-        args->shrink = true;
-        break;
-      default:
-        return UsageError(kUsage, "");
-    }
-  }
-  if (argc - optind != 1) {
+  OptionParser parser(kUsage);
+  parser.Format(&args->format)
+      .Add("preallocation", 0, OptionParser::Arg::kRequired,
+           [args](const char* v) {
+             if (!ParsePrealloc(v, &args->prealloc)) {
+               return ReportFailure(
+                   absl::StrCat("Invalid preallocation mode '", v, "'"));
+             }
+             return kGoOn;
+           })
+      .Flag("shrink", 0, &args->shrink)
+      .Help()
+      .Flag("", 'q', &args->quiet);
+  std::vector<std::string> operands;
+  if (int rc = parser.Parse(argc, argv, &operands); rc != kGoOn) return rc;
+  if (operands.size() != 1) {
     return UsageError(kUsage, "expecting an image file name and a size");
   }
-  args->image = argv[optind];
+  args->image = operands[0];
   if (!args->size.empty() && (args->size[0] == '+' || args->size[0] == '-')) {
     args->relative = args->size[0] == '+' ? 1 : -1;
     args->size.erase(0, 1);

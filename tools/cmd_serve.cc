@@ -18,7 +18,6 @@
 // returns once the pid file is written: nbdkit's first process exits as
 // soon as its daemon is forked, before the daemon writes the file.
 #include <fcntl.h>
-#include <getopt.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -44,6 +43,7 @@
 #include "serve/nbd/server.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
+#include "tools/serve_cli.h"
 
 namespace qcow2::tool {
 namespace {
@@ -142,147 +142,70 @@ struct ServeArgs {
   std::string image;
 };
 
-// True when `text` is a decimal number from `min` to `max`.
-bool ParseCount(const char* text, int min, int max) {
-  int v = 0;
-  return absl::SimpleAtoi(text, &v) && v >= min && v <= max;
+// --bitmap NAME, each name once.
+int TakeBitmap(const OptionParser& parser, const char* name,
+               ServeArgs* args) {
+  if (std::find(args->bitmaps.begin(), args->bitmaps.end(), name) !=
+      args->bitmaps.end()) {
+    return parser.Error(absl::StrCat("--bitmap ", name, " given twice"));
+  }
+  args->bitmaps.push_back(name);
+  return kGoOn;
+}
+
+// --tls=off|on|require.
+int TakeTls(const OptionParser& parser, const char* mode, ServeArgs* args) {
+  const std::string_view m = mode;
+  if (m != "off" && m != "on" && m != "require") {
+    return parser.Error(
+        absl::StrCat("--tls='", mode, "': expected off, on or require"));
+  }
+  args->tls = mode;
+  return kGoOn;
 }
 
 // Returns -1 when parsed, else the exit status to return.
 int ParseArgs(int argc, char** argv, ServeArgs* args) {
-  enum {
-    kSocket = 256, kPort, kExportName, kShared, kThreads, kFork, kPidFile,
-    kSync, kQueue, kDirect, kBind, kNbdkit, kTlsCreds, kTlsPsk, kTls, kBitmap
+  using Arg = OptionParser::Arg;
+  OptionParser parser(Usage());
+  auto text = [](std::string* out) {
+    return [out](const char* v, int) { *out = v; };
   };
-  static const option kOptions[] = {
-      {"socket", required_argument, nullptr, kSocket},
-      {"port", required_argument, nullptr, kPort},
-      {"bind", required_argument, nullptr, kBind},
-      {"nbdkit", no_argument, nullptr, kNbdkit},
-      {"tls-creds", required_argument, nullptr, kTlsCreds},
-      {"tls-psk", required_argument, nullptr, kTlsPsk},
-      {"tls", required_argument, nullptr, kTls},
-      {"bitmap", required_argument, nullptr, kBitmap},
-      {"format", required_argument, nullptr, 'f'},
-      {"read-only", no_argument, nullptr, 'r'},
-      {"export-name", required_argument, nullptr, kExportName},
-      {"shared", required_argument, nullptr, kShared},
-      {"threads", required_argument, nullptr, kThreads},
-      {"fork", no_argument, nullptr, kFork},
-      {"pid-file", required_argument, nullptr, kPidFile},
-      {"sync", no_argument, nullptr, kSync},
-      {"queue", no_argument, nullptr, kQueue},
-      {"direct", no_argument, nullptr, kDirect},
-      {"verbose", no_argument, nullptr, 'v'},
-      {"force-share", no_argument, nullptr, 'U'},
-      {"backing-root", required_argument, nullptr, kOptBackingRoot},
-      {"help", no_argument, nullptr, 'h'},
-      {nullptr, 0, nullptr, 0},
-  };
-  ResetGetopt();
-  int c;
-  while ((c = getopt_long(argc, argv, "f:rUvh", kOptions, nullptr)) != -1) {
-    switch (c) {
-      case 'h':
-        return PrintHelp(Usage());
-      case kSocket:
-        args->socket = optarg;
-        break;
-      case kPort:
-        if (!ParseCount(optarg, 1, 65535)) {
-          return UsageError(Usage(), absl::StrCat("--port '", optarg,
-                                                  "': expected 1 to 65535"));
-        }
-        args->port = optarg;
-        break;
-      case kBind:
-        args->bind = optarg;
-        break;
-      case kNbdkit:
-        args->nbdkit = true;
-        break;
-      case kTlsCreds:
-        args->tls_creds = optarg;
-        break;
-      case kTlsPsk:
-        args->tls_psk = optarg;
-        break;
-      case kBitmap:
-        if (std::find(args->bitmaps.begin(), args->bitmaps.end(), optarg) !=
-            args->bitmaps.end()) {
-          return UsageError(Usage(), absl::StrCat("--bitmap ", optarg,
-                                                  " given twice"));
-        }
-        args->bitmaps.push_back(optarg);
-        break;
-      case kTls:
-        if (std::string(optarg) != "off" && std::string(optarg) != "on" &&
-            std::string(optarg) != "require") {
-          return UsageError(Usage(), absl::StrCat("--tls='", optarg,
-                                                  "': expected off, on or "
-                                                  "require"));
-        }
-        args->tls = optarg;
-        break;
-      case 'f':
-        if (auto s = CheckImageFormat(optarg); !s.ok()) {
-          return UsageError(Usage(), s.message());
-        }
-        args->format = optarg;
-        break;
-      case 'r':
-        args->read_only = true;
-        break;
-      case kExportName:
-        args->export_name = optarg;
-        break;
-      case kShared:
-        if (!ParseCount(optarg, 1, 1 << 20)) {
-          return UsageError(Usage(), absl::StrCat("--shared '", optarg,
-                                                  "': expected a count >= 1"));
-        }
-        args->shared = optarg;
-        break;
-      case kThreads:
-        if (!ParseCount(optarg, 1, 1024)) {
-          return UsageError(Usage(), absl::StrCat("--threads '", optarg,
-                                                  "': expected 1 to 1024"));
-        }
-        args->threads = optarg;
-        break;
-      case kFork:
-        args->fork = true;
-        break;
-      case kPidFile:
-        args->pid_file = optarg;
-        break;
-      case kSync:
-        args->sync = true;
-        break;
-      case kQueue:
-        args->queue = true;
-        break;
-      case kDirect:
-        args->direct = true;
-        break;
-      case 'v':
-        args->verbose = true;
-        break;
-      case 'U':
-        args->force_share = true;
-        break;
-      case kOptBackingRoot:
-        args->backing_root = optarg;
-        break;
-      default:
-        return UsageError(Usage(), "");
-    }
+  parser.Text("socket", 0, &args->socket)
+      .Add("port", 0, Arg::kRequired,
+           CountOption(parser, "--port", 1, 65535, "1 to 65535",
+                       text(&args->port)))
+      .Text("bind", 0, &args->bind)
+      .Flag("nbdkit", 0, &args->nbdkit)
+      .Text("tls-creds", 0, &args->tls_creds)
+      .Text("tls-psk", 0, &args->tls_psk)
+      .Add("tls", 0, Arg::kRequired,
+           [&parser, args](const char* v) { return TakeTls(parser, v, args); })
+      .Add("bitmap", 0, Arg::kRequired,
+           [&parser, args](const char* v) {
+             return TakeBitmap(parser, v, args);
+           })
+      .Text("export-name", 0, &args->export_name)
+      .Add("shared", 0, Arg::kRequired,
+           CountOption(parser, "--shared", 1, 1 << 20, "a count >= 1",
+                       text(&args->shared)))
+      .Add("threads", 0, Arg::kRequired,
+           CountOption(parser, "--threads", 1, 1024, "1 to 1024",
+                       text(&args->threads)))
+      .Flag("sync", 0, &args->sync)
+      .Flag("queue", 0, &args->queue)
+      .Flag("verbose", 'v', &args->verbose)
+      .Flag("force-share", 'U', &args->force_share)
+      .Text("backing-root", 0, &args->backing_root);
+  AddServeCommonOptions(&parser, {&args->format, &args->read_only,
+                                  &args->direct, &args->fork,
+                                  &args->pid_file});
+  std::vector<std::string> operands;
+  if (int rc = parser.Parse(argc, argv, &operands); rc != kGoOn) return rc;
+  if (int rc = ExpectServedImage(parser, operands, &args->image);
+      rc != kGoOn) {
+    return rc;
   }
-  if (optind + 1 != argc) {
-    return UsageError(Usage(), optind == argc ? "no IMAGE given"
-                                              : "more than one IMAGE given");
-  }
-  args->image = argv[optind];
   if (!args->socket.empty() && !args->port.empty()) {
     return UsageError(Usage(), "--socket and --port exclude each other");
   }

@@ -5,7 +5,6 @@
 // against other writers while served, and closed cleanly on SIGINT or
 // SIGTERM.
 #include <fcntl.h>
-#include <getopt.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -16,12 +15,12 @@
 #include <string_view>
 
 #include "absl/status/status.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "qcow2/image.h"
 #include "serve/vhost/server.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
+#include "tools/serve_cli.h"
 
 namespace qcow2::tool {
 namespace {
@@ -67,61 +66,18 @@ std::string Usage() { return std::string(kUsage) + kExitStatusHelp; }
 
 // Returns -1 when parsed, else the exit status to return.
 int ParseArgs(int argc, char** argv, VhostArgs* a) {
-  enum { kSocket = 256, kNumQueues, kDirect, kFork, kPidFile };
-  static const option kOptions[] = {
-      {"vhost-user-blk", required_argument, nullptr, kSocket},
-      {"num-queues", required_argument, nullptr, kNumQueues},
-      {"format", required_argument, nullptr, 'f'},
-      {"read-only", no_argument, nullptr, 'r'},
-      {"direct", no_argument, nullptr, kDirect},
-      {"fork", no_argument, nullptr, kFork},
-      {"pid-file", required_argument, nullptr, kPidFile},
-      {"help", no_argument, nullptr, 'h'},
-      {nullptr, 0, nullptr, 0},
-  };
-  ResetGetopt();
-  int c;
-  while ((c = getopt_long(argc, argv, "f:rh", kOptions, nullptr)) != -1) {
-    switch (c) {
-      case 'h':
-        return PrintHelp(Usage());
-      case kSocket:
-        a->socket = optarg;
-        break;
-      case kNumQueues:
-        if (!absl::SimpleAtoi(optarg, &a->num_queues) || a->num_queues < 1 ||
-            a->num_queues > 64) {
-          return UsageError(Usage(), absl::StrCat("--num-queues '", optarg,
-                                                  "': expected 1 to 64"));
-        }
-        break;
-      case 'f':
-        if (auto s = CheckImageFormat(optarg); !s.ok()) {
-          return UsageError(Usage(), s.message());
-        }
-        a->format = optarg;
-        break;
-      case 'r':
-        a->read_only = true;
-        break;
-      case kDirect:
-        a->direct = true;
-        break;
-      case kFork:
-        a->fork = true;
-        break;
-      case kPidFile:
-        a->pid_file = optarg;
-        break;
-      default:
-        return UsageError(Usage(), "");
-    }
+  OptionParser parser(Usage());
+  parser.Text("vhost-user-blk", 0, &a->socket)
+      .Add("num-queues", 0, OptionParser::Arg::kRequired,
+           CountOption(parser, "--num-queues", 1, 64, "1 to 64",
+                       [a](const char*, int n) { a->num_queues = n; }));
+  AddServeCommonOptions(&parser, {&a->format, &a->read_only, &a->direct,
+                                  &a->fork, &a->pid_file});
+  std::vector<std::string> operands;
+  if (int rc = parser.Parse(argc, argv, &operands); rc != kGoOn) return rc;
+  if (int rc = ExpectServedImage(parser, operands, &a->image); rc != kGoOn) {
+    return rc;
   }
-  if (optind + 1 != argc) {
-    return UsageError(Usage(), optind == argc ? "no IMAGE given"
-                                              : "more than one IMAGE given");
-  }
-  a->image = argv[optind];
   if (a->socket.empty()) return UsageError(Usage(), "no SOCKET given");
   return -1;
 }

@@ -2,7 +2,6 @@
 // qcowtool snapshot: internal snapshots as `qemu-img snapshot -l/-c/-a/-d`
 // makes them, or (with two file names and none of those flags) an external
 // snapshot, i.e. a new qcow2 overlay whose backing file is the image.
-#include <getopt.h>
 #include <stdio.h>
 #include <sys/stat.h>
 
@@ -21,6 +20,7 @@
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 #include "tools/image_info.h"
+#include "tools/option_parser.h"
 
 namespace qcow2::tool {
 
@@ -90,63 +90,37 @@ struct SnapshotArgs {
   std::string overlay;
 };
 
+// -l, -c NAME, -a NAME, -d NAME: one internal-snapshot action at most.
+OptionParser::Handler Action(const OptionParser& parser, char action,
+                             SnapshotArgs* args) {
+  return [&parser, action, args](const char* name) {
+    if (args->internal) {
+      return parser.Error("Cannot mix '-l', '-a', '-c', '-d'");
+    }
+    args->internal = true;
+    args->action = action;
+    if (name != nullptr) args->name = name;
+    return kGoOn;
+  };
+}
+
 // Returns -1 when parsed, else the exit status to return.
 int ParseArgs(int argc, char** argv, SnapshotArgs* args) {
-  static const option kOptions[] = {
-      {"help", no_argument, nullptr, 'h'},
-      {"options", required_argument, nullptr, 'o'},
-      {"backing-format", required_argument, nullptr, 'F'},
-      {"quiet", no_argument, nullptr, 'q'},
-      {"no-extended-l2", no_argument, nullptr, 'X'},
-      {"format", required_argument, nullptr, 'f'},
-      {"force-share", no_argument, nullptr, 'U'},
-      {nullptr, 0, nullptr, 0},
-  };
-  ResetGetopt();
-  int c;
-  while ((c = getopt_long(argc, argv, "o:F:f:qUlc:a:d:h", kOptions, nullptr)) !=
-         -1) {
-    switch (c) {
-      case 'h':
-        return PrintHelp(Usage());
-      case 'o':
-        args->option_lists.push_back(optarg);
-        break;
-      case 'F':
-        if (auto s = CheckImageFormat(optarg); !s.ok()) {
-          return UsageError(Usage(), s.message());
-        }
-        args->backing_format = optarg;
-        break;
-      case 'q':
-        args->quiet = true;
-        break;
-      case 'X':
-        args->no_extended_l2 = true;
-        break;
-      case 'f':
-        if (auto s = CheckImageFormat(optarg); !s.ok()) {
-          return UsageError(Usage(), s.message());
-        }
-        args->format = optarg;
-        break;
-      case 'l':
-      case 'c':
-      case 'a':
-      case 'd':
-        if (args->internal) {
-          return UsageError(Usage(), "Cannot mix '-l', '-a', '-c', '-d'");
-        }
-        args->internal = true;
-        args->action = static_cast<char>(c);
-        if (c != 'l') args->name = optarg;
-        break;
-      default:
-        if (args->policy.Take(c, optarg)) break;
-        return UsageError(Usage(), "");
-    }
-  }
-  std::vector<std::string> rest(argv + optind, argv + argc);
+  using Arg = OptionParser::Arg;
+  OptionParser parser(Usage());
+  parser.Help()
+      .List("options", 'o', &args->option_lists)
+      .Format("backing-format", 'F', &args->backing_format)
+      .Flag("quiet", 'q', &args->quiet)
+      .Flag("no-extended-l2", 0, &args->no_extended_l2)
+      .Format(&args->format)
+      .ForceShare(&args->policy)
+      .Add("", 'l', Arg::kNone, Action(parser, 'l', args))
+      .Add("", 'c', Arg::kRequired, Action(parser, 'c', args))
+      .Add("", 'a', Arg::kRequired, Action(parser, 'a', args))
+      .Add("", 'd', Arg::kRequired, Action(parser, 'd', args));
+  std::vector<std::string> rest;
+  if (int rc = parser.Parse(argc, argv, &rest); rc != kGoOn) return rc;
   for (const std::string& list : args->option_lists) {
     if (list == "help" || list == "?") return -1;  // create prints it
     for (const char* key : {"backing_file", "backing_fmt"}) {

@@ -38,9 +38,9 @@ int RunStream(int argc, char** argv) {
   const std::string usage = ChainUsage(
       kUsage, "Exit status: 0 streamed, 1 on any error (as qemu-img rebase).\n");
   ChainArgs args;
-  auto none = [](int, const char*) { return false; };
-  if (int rc = ParseChainArgs(argc, argv, "", false, usage, none, &args);
-      rc >= 0) {
+  OptionParser parser(usage);
+  AddChainOptions(&parser, false, &args);
+  if (int rc = ParseChainArgs(argc, argv, &parser, &args); rc >= 0) {
     return rc;
   }
   StreamSpec spec;

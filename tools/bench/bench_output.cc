@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "tools/bench_output.h"
+#include "tools/bench/bench_output.h"
 
 #include <algorithm>
 #include <cinttypes>

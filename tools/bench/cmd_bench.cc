@@ -2,7 +2,7 @@
 // qcowtool bench: performance workloads over libqcow2's asynchronous Queue
 // API. This file parses the command line, checks which options apply to
 // the workload, runs it and prints its report; the workloads themselves are
-// in tools/cmd_bench_*.cc, the request loop in tools/bench_runner.cc.
+// in tools/bench/cmd_bench_*.cc, the request loop in tools/bench/bench_runner.cc.
 #include <algorithm>
 #include <cstdio>
 #include <initializer_list>
@@ -12,9 +12,9 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
-#include "tools/bench_options.h"
-#include "tools/bench_device.h"
-#include "tools/bench_workloads.h"
+#include "tools/bench/bench_options.h"
+#include "tools/bench/bench_device.h"
+#include "tools/bench/bench_workloads.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "tools/bench_progress.h"
+#include "tools/bench/bench_progress.h"
 
 #include <unistd.h>
 

@@ -16,7 +16,7 @@
 #include "absl/status/statusor.h"
 #include "qcow2/image.h"
 #include "qcow2/queue.h"
-#include "tools/bench_progress.h"
+#include "tools/bench/bench_progress.h"
 
 namespace qcow2::tool::bench {
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "tools/bench_device.h"
+#include "tools/bench/bench_device.h"
 
 #include <fcntl.h>
 #include <linux/fs.h>

@@ -31,7 +31,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "tools/bench_workloads.h"
+#include "tools/bench/bench_workloads.h"
 
 namespace qcow2::tool::bench {
 namespace {
@@ -228,6 +228,166 @@ double Quantile(const std::vector<double>& v, double q) {
   return v[lo] + (v[hi] - v[lo]) * (at - static_cast<double>(lo));
 }
 
+// The first image's IOPS over the second's: overall, and per pair of turns.
+struct PairRatios {
+  std::optional<double> overall;
+  std::vector<double> bursts;  // sorted once all turns ran
+
+  std::optional<double> At(double q) const {
+    if (bursts.empty()) return std::nullopt;
+    return Quantile(bursts, q);
+  }
+};
+
+void SetPatternParams(const Env& env, const PatternFlags& p, uint64_t step,
+                      const std::vector<Side>& sides, Report* report) {
+  const bool paired = sides.size() == 2;
+  report->params.Set("image", Value::Str(p.image))
+      .Set("op", Value::Str(p.write ? "write" : "read"))
+      .Set("count", Value::Uint(p.count))
+      .Set("qd", Value::Uint(p.depth))
+      .Set("bs", Value::Uint(p.size))
+      .Set("step", Value::Uint(step))
+      .Set("offset", Value::Uint(p.offset))
+      .Set("pattern", Value::Uint(p.pattern))
+      .Set("flush_interval", Value::Uint(p.flush_interval))
+      .Set("drain_on_flush", Value::Bool(p.drain_on_flush))
+      .Set("aio", p.aio.empty() ? Value() : Value::Str(p.aio))
+      .Set("image_size", Value::Uint(sides[0].size))
+      .Set("pair", paired ? Value::Str(p.pair) : Value())
+      .Set("burst", paired ? Value::Uint(p.burst) : Value());
+  AddCommonParams(env.direct, sides[0].engine, &report->params);
+}
+
+// Two images taking turns of --burst requests, the first going first in
+// even pairs of turns; notes each pair's IOPS ratio.
+absl::Status RunPairedTurns(Env& env, const PatternFlags& p, uint64_t step,
+                            std::vector<Side>& sides, PairRatios* ratios) {
+  uint64_t done = 0;
+  for (uint64_t k = 0; done < p.count; ++k) {
+    const uint64_t n = std::min(p.burst, p.count - done);
+    double iops[2] = {0, 0};
+    for (int j = 0; j < 2; ++j) {
+      const int i = k % 2 == 0 ? j : 1 - j;
+      auto r = RunTurn(sides[i], p, step, n, env.progress,
+                       /*end_flush=*/false);
+      if (!r.ok()) return r.status();
+      iops[i] = *r;
+    }
+    if (iops[1] > 0) ratios->bursts.push_back(iops[0] / iops[1]);
+    done += n;
+  }
+  if (p.write) {
+    for (Side& side : sides) {
+      if (absl::Status s = FlushSide(side); !s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Closes every side, noting its counters; returns the progress summary.
+absl::StatusOr<std::string> CloseSides(std::vector<Side>& sides) {
+  std::string summary;
+  for (Side& side : sides) {
+    side.queue.reset();
+    side.delta = side.image->GetStats().Since(side.before);
+    if (absl::Status s = side.image->Close(); !s.ok()) return s;
+    if (!summary.empty()) summary += "; ";
+    summary += CellSummary(side.result);
+  }
+  return summary;
+}
+
+void AddPatternRows(const PatternFlags& p, const std::vector<Side>& sides,
+                    const PairRatios& ratios, Report* report) {
+  const bool paired = sides.size() == 2;
+  for (size_t i = 0; i < sides.size(); ++i) {
+    const Side& side = sides[i];
+    Record row;
+    row.Set("op", Value::Str(p.write ? "write" : "read"))
+        .Set("bs", Value::Uint(p.size))
+        .Set("qd", Value::Uint(p.depth));
+    if (paired) row.Set("image", Value::Str(side.path));
+    AddRateColumns(side.result, &row);
+    AddIoColumns(side.delta, p.write ? Op::kWrite : Op::kRead, &row);
+    if (paired) {
+      // The first image's row carries the ratios to the second's.
+      const bool first = i == 0;
+      auto only_first = [first](std::optional<double> v) {
+        return Value::Ratio(first ? v : std::nullopt);
+      };
+      row.Set("ratio_vs_pair", only_first(ratios.overall))
+          .Set("burst_ratio_median", only_first(ratios.At(0.5)))
+          .Set("burst_ratio_q1", only_first(ratios.At(0.25)))
+          .Set("burst_ratio_q3", only_first(ratios.At(0.75)))
+          .Set("bursts", first ? Value::Uint(ratios.bursts.size()) : Value());
+    }
+    report->rows.push_back(row);
+  }
+}
+
+// qemu-img bench's own opening lines.
+std::string QemuHead(const PatternFlags& p, uint64_t step, bool paired) {
+  std::string head = absl::StrFormat(
+      "Sending %u %s requests, %u bytes each, %d in parallel (starting at "
+      "offset %u, step size %u)\n",
+      p.count, p.write ? "write" : "read", p.size, p.depth, p.offset, step);
+  if (p.flush_interval != 0) {
+    absl::StrAppendFormat(&head, "Sending flush every %u requests\n",
+                          p.flush_interval);
+  }
+  if (paired) {
+    absl::StrAppendFormat(&head,
+                          "The same requests to %s, taking turns of %u "
+                          "requests with %s\n",
+                          p.pair, p.burst, p.image);
+  }
+  return head;
+}
+
+// Each side's result lines: qemu-img's, then the counters.
+std::string SideLines(const Side& side, const Record& row, bool paired) {
+  auto cell = [&](const char* key, int decimals) {
+    return FormatCell(*row.Find(key), decimals);
+  };
+  const std::string who = paired ? side.path + ": " : "";
+  std::string out = absl::StrFormat("%sRun completed in %3.3f seconds.\n",
+                                    who, side.result.seconds);
+  absl::StrAppendFormat(
+      &out,
+      "%s%.0f IOPS, %.2f MB/s, latency p50 %s us, p99 %s us, CPU %s us per "
+      "request\n"
+      "%sHost I/O (libqcow2 counters): %s bytes read, %s bytes written for "
+      "%s guest bytes; write amplification %s, COW read per guest byte %s\n",
+      who, side.result.iops(), side.result.mb_per_s(), cell("lat_p50_us", 1),
+      cell("lat_p99_us", 1), cell("cpu_us_per_op", 2), who,
+      cell("host_read_bytes", 0), cell("host_write_bytes", 0),
+      cell("guest_bytes", 0), cell("write_amplification", 3),
+      cell("cow_read_per_guest_byte", 3));
+  return out;
+}
+
+// qemu-img bench's own lines, then ours.
+void SetPatternHead(const Env& env, const PatternFlags& p, uint64_t step,
+                    const std::vector<Side>& sides, const PairRatios& ratios,
+                    Report* report) {
+  const bool paired = sides.size() == 2;
+  report->head = QemuHead(p, step, paired);
+  for (size_t i = 0; i < sides.size(); ++i) {
+    report->head += SideLines(sides[i], report->rows[i], paired);
+  }
+  if (paired && ratios.overall) {
+    absl::StrAppendFormat(
+        &report->head,
+        "IOPS of %s over %s: %.3f; over %u pairs of turns: median %.3f, "
+        "quartiles %.3f-%.3f\n",
+        p.image, p.pair, *ratios.overall, ratios.bursts.size(),
+        *ratios.At(0.5), *ratios.At(0.25), *ratios.At(0.75));
+  }
+  absl::StrAppendFormat(&report->head, "Engine: %s, cache: %s\n",
+                        sides[0].engine, env.direct ? "none" : "writeback");
+}
+
 }  // namespace
 
 absl::Status RunPattern(Env& env, Report* report) {
@@ -245,144 +405,30 @@ absl::Status RunPattern(Env& env, Report* report) {
   for (Side& side : sides) {
     if (absl::Status s = OpenSide(env, p, &side); !s.ok()) return s;
   }
-  const std::string& engine = sides[0].engine;
-
-  report->params.Set("image", Value::Str(p.image))
-      .Set("op", Value::Str(p.write ? "write" : "read"))
-      .Set("count", Value::Uint(p.count))
-      .Set("qd", Value::Uint(p.depth))
-      .Set("bs", Value::Uint(p.size))
-      .Set("step", Value::Uint(step))
-      .Set("offset", Value::Uint(p.offset))
-      .Set("pattern", Value::Uint(p.pattern))
-      .Set("flush_interval", Value::Uint(p.flush_interval))
-      .Set("drain_on_flush", Value::Bool(p.drain_on_flush))
-      .Set("aio", p.aio.empty() ? Value() : Value::Str(p.aio))
-      .Set("image_size", Value::Uint(sides[0].size))
-      .Set("pair", paired ? Value::Str(p.pair) : Value())
-      .Set("burst", paired ? Value::Uint(p.burst) : Value());
-  AddCommonParams(env.direct, engine, &report->params);
+  SetPatternParams(env, p, step, sides, report);
 
   env.progress.BeginCell(absl::StrFormat(
       "%u %s requests of %u bytes%s", p.count, p.write ? "write" : "read",
       p.size, paired ? " on each of two images, taking turns" : ""));
-  // The ratio of the first image's IOPS to the second's in each pair of
-  // turns.
-  std::vector<double> ratios;
+  PairRatios ratios;
   if (!paired) {
     auto r = RunTurn(sides[0], p, step, p.count, env.progress,
                      /*end_flush=*/true);
     if (!r.ok()) return r.status();
-  } else {
-    uint64_t done = 0;
-    for (uint64_t k = 0; done < p.count; ++k) {
-      const uint64_t n = std::min(p.burst, p.count - done);
-      double iops[2] = {0, 0};
-      for (int j = 0; j < 2; ++j) {
-        const int i = k % 2 == 0 ? j : 1 - j;
-        auto r = RunTurn(sides[i], p, step, n, env.progress,
-                         /*end_flush=*/false);
-        if (!r.ok()) return r.status();
-        iops[i] = *r;
-      }
-      if (iops[1] > 0) ratios.push_back(iops[0] / iops[1]);
-      done += n;
-    }
-    if (p.write) {
-      for (Side& side : sides) {
-        if (absl::Status s = FlushSide(side); !s.ok()) return s;
-      }
-    }
+  } else if (absl::Status s = RunPairedTurns(env, p, step, sides, &ratios);
+             !s.ok()) {
+    return s;
   }
-  std::string summary;
-  for (Side& side : sides) {
-    side.queue.reset();
-    side.delta = side.image->GetStats().Since(side.before);
-    if (absl::Status s = side.image->Close(); !s.ok()) return s;
-    if (!summary.empty()) summary += "; ";
-    summary += CellSummary(side.result);
-  }
-  env.progress.EndCell(summary);
+  absl::StatusOr<std::string> summary = CloseSides(sides);
+  if (!summary.ok()) return summary.status();
+  env.progress.EndCell(*summary);
 
-  std::optional<double> ratio;
   if (paired && sides[1].result.iops() > 0) {
-    ratio = sides[0].result.iops() / sides[1].result.iops();
+    ratios.overall = sides[0].result.iops() / sides[1].result.iops();
   }
-  std::sort(ratios.begin(), ratios.end());
-  auto quantile = [&](double q) -> std::optional<double> {
-    if (ratios.empty()) return std::nullopt;
-    return Quantile(ratios, q);
-  };
-  for (size_t i = 0; i < sides.size(); ++i) {
-    const Side& side = sides[i];
-    Record row;
-    row.Set("op", Value::Str(p.write ? "write" : "read"))
-        .Set("bs", Value::Uint(p.size))
-        .Set("qd", Value::Uint(p.depth));
-    if (paired) row.Set("image", Value::Str(side.path));
-    AddRateColumns(side.result, &row);
-    AddIoColumns(side.delta, p.write ? Op::kWrite : Op::kRead, &row);
-    if (paired) {
-      // The first image's row carries the ratios to the second's.
-      const bool first = i == 0;
-      row.Set("ratio_vs_pair", Value::Ratio(first ? ratio : std::nullopt))
-          .Set("burst_ratio_median",
-               Value::Ratio(first ? quantile(0.5) : std::nullopt))
-          .Set("burst_ratio_q1",
-               Value::Ratio(first ? quantile(0.25) : std::nullopt))
-          .Set("burst_ratio_q3",
-               Value::Ratio(first ? quantile(0.75) : std::nullopt))
-          .Set("bursts", first ? Value::Uint(ratios.size()) : Value());
-    }
-    report->rows.push_back(row);
-  }
-
-  // qemu-img bench's own lines, then ours.
-  report->head = absl::StrFormat(
-      "Sending %u %s requests, %u bytes each, %d in parallel (starting at "
-      "offset %u, step size %u)\n",
-      p.count, p.write ? "write" : "read", p.size, p.depth, p.offset, step);
-  if (p.flush_interval != 0) {
-    absl::StrAppendFormat(&report->head, "Sending flush every %u requests\n",
-                          p.flush_interval);
-  }
-  if (paired) {
-    absl::StrAppendFormat(&report->head,
-                          "The same requests to %s, taking turns of %u "
-                          "requests with %s\n",
-                          p.pair, p.burst, p.image);
-  }
-  for (size_t i = 0; i < sides.size(); ++i) {
-    const Side& side = sides[i];
-    const Record& row = report->rows[i];
-    auto cell = [&](const char* key, int decimals) {
-      return FormatCell(*row.Find(key), decimals);
-    };
-    const std::string who = paired ? side.path + ": " : "";
-    absl::StrAppendFormat(&report->head, "%sRun completed in %3.3f seconds.\n",
-                          who, side.result.seconds);
-    absl::StrAppendFormat(
-        &report->head,
-        "%s%.0f IOPS, %.2f MB/s, latency p50 %s us, p99 %s us, CPU %s us per "
-        "request\n"
-        "%sHost I/O (libqcow2 counters): %s bytes read, %s bytes written for "
-        "%s guest bytes; write amplification %s, COW read per guest byte %s\n",
-        who, side.result.iops(), side.result.mb_per_s(), cell("lat_p50_us", 1),
-        cell("lat_p99_us", 1), cell("cpu_us_per_op", 2), who,
-        cell("host_read_bytes", 0), cell("host_write_bytes", 0),
-        cell("guest_bytes", 0), cell("write_amplification", 3),
-        cell("cow_read_per_guest_byte", 3));
-  }
-  if (paired && ratio) {
-    absl::StrAppendFormat(
-        &report->head,
-        "IOPS of %s over %s: %.3f; over %u pairs of turns: median %.3f, "
-        "quartiles %.3f-%.3f\n",
-        p.image, p.pair, *ratio, ratios.size(), *quantile(0.5),
-        *quantile(0.25), *quantile(0.75));
-  }
-  absl::StrAppendFormat(&report->head, "Engine: %s, cache: %s\n", engine,
-                        env.direct ? "none" : "writeback");
+  std::sort(ratios.bursts.begin(), ratios.bursts.end());
+  AddPatternRows(p, sides, ratios, report);
+  SetPatternHead(env, p, step, sides, ratios, report);
   return absl::OkStatus();
 }
 

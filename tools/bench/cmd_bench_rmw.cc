@@ -31,13 +31,15 @@
 #include <algorithm>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "tools/bench_workloads.h"
+#include "tools/bench/bench_workloads.h"
 
 namespace qcow2::tool::bench {
 namespace {
@@ -211,180 +213,204 @@ absl::StatusOr<std::vector<std::string>> BuildChain(Env& env, const Params& p) {
   return paths;
 }
 
-}  // namespace
+// A cell of a group, and how to measure it once (appending its row).
+using CellRun = std::function<absl::Status(const Cell&, uint64_t seed)>;
+struct GroupCell {
+  Cell cell;
+  CellRun run;
+};
+using Group = std::vector<GroupCell>;
 
-absl::Status RunRmw(Env& env, Report* report) {
-  absl::StatusOr<Params> p = Resolve(env.opts);
-  if (!p.ok()) return p.status();
-  report->params.Set("image_size", Value::Uint(p->size))
-      .Set("cluster_size", Value::Uint(p->cluster))
-      .Set("bs", Value::UintList(p->bs))
-      .Set("qd", Value::Uint(p->qd))
-      .Set("depth", Value::Uint(p->depth))
-      .Set("writes", Value::Uint(p->writes))
-      .Set("read_seconds", Value::Num(p->read_seconds))
-      .Set("rounds", Value::Uint(p->rounds));
+// One `bench rmw` run: the chain it built and the cells it measures, in
+// the order the header comment lists them.
+class RmwRun {
+ public:
+  RmwRun(Env& env, const Params& p, std::vector<std::string> paths,
+         Report* report)
+      : env_(env),
+        p_(p),
+        paths_(std::move(paths)),
+        report_(report),
+        on_device_(!env.device.empty()),
+        // Per write size: two fresh overlays, the allocated image, two raw
+        // files (on a device: the device); then 3 sequential, 2 reads.
+        total_((p.bs.size() * (on_device_ ? 4 : 5) + 3 + 2) * p.rounds) {}
 
-  auto paths = BuildChain(env, *p);
-  if (!paths.ok()) return paths.status();
-  const std::string& base_path = (*paths)[0];
+  absl::Status Run() {
+    std::vector<Group> groups;
+    for (uint64_t bs : p_.bs) groups.push_back(RandomWriteGroup(bs));
+    groups.push_back(SequentialWriteGroup());
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+      if (absl::Status s = RunGroup(gi, groups[gi]); !s.ok()) return s;
+    }
+    if (absl::Status s = RunReads(); !s.ok()) return s;
+    AddCommonParams(env_.direct, engine_, &report_->params);
+    report_->params.Set("device",
+                        on_device_ ? Value::Str(env_.device) : Value());
+    return absl::OkStatus();
+  }
 
-  // Per write size: two fresh overlays, the allocated image, two raw files
-  // (on a device: the device).
-  const bool on_device = !env.device.empty();
-  const size_t total =
-      (p->bs.size() * (on_device ? 4 : 5) + 3 + 2) * p->rounds;
-  size_t done = 0;
-  auto label = [&](const Cell& c) {
+ private:
+  std::string Label(const Cell& c) {
     return absl::StrFormat(
-        "[%u/%u] %s %s%s %s%s", ++done, total, OpName(c.op),
+        "[%u/%u] %s %s%s %s%s", ++done_, total_, OpName(c.op),
         FormatBlockSize(c.bs), c.sequential ? " sequential" : "", c.target,
         c.extended_l2 ? (*c.extended_l2 ? " (extended L2)" : " (standard L2)")
                       : "");
-  };
-  std::string engine;
+  }
+
+  // Measures `c` on `image`, then closes it.
+  absl::Status MeasureAndClose(Image& image, const Cell& c, uint64_t seed) {
+    absl::Status s = Measure(env_, image, p_, c, Label(c), seed, report_);
+    if (s.ok()) s = image.Close();
+    return s;
+  }
+
   // Writes into a new overlay over the base, deleted afterwards.
-  auto fresh_cell = [&](const Cell& c, uint64_t seed) -> absl::Status {
+  absl::Status FreshCell(const Cell& c, uint64_t seed) {
     CreateOptions fresh;
-    fresh.cluster_size = p->cluster;
+    fresh.cluster_size = p_.cluster;
     fresh.extended_l2 = *c.extended_l2;
     fresh.backing_file =
-        on_device ? std::filesystem::absolute(base_path).string()
-                  : env.scratch->BaseName("base.qcow2");
+        on_device_ ? std::filesystem::absolute(paths_[0]).string()
+                   : env_.scratch->BaseName("base.qcow2");
     fresh.backing_format = "qcow2";
     const std::string path =
-        on_device ? env.device : env.scratch->Path("fresh.qcow2");
-    auto image = CreateBenchImage(path, fresh, env.direct);
+        on_device_ ? env_.device : env_.scratch->Path("fresh.qcow2");
+    auto image = CreateBenchImage(path, fresh, env_.direct);
     if (!image.ok()) return image.status();
-    if (engine.empty()) engine = EngineName(**image);
-    absl::Status s = Measure(env, **image, *p, c, label(c), seed, report);
-    if (s.ok()) s = (*image)->Close();
+    if (engine_.empty()) engine_ = EngineName(**image);
+    absl::Status s = MeasureAndClose(**image, c, seed);
     image->reset();
-    if (s.ok() && !on_device) s = env.scratch->Remove(path);
+    if (s.ok() && !on_device_) s = env_.scratch->Remove(path);
     return s;
-  };
+  }
+
   // The base is written everywhere: every write lands in its own cluster.
   // (Its contents change; later cells do not depend on them.) On a device:
   // a qcow2 image there, written in full first.
-  auto allocated_cell = [&](const Cell& c, uint64_t seed) -> absl::Status {
+  absl::Status AllocatedCell(const Cell& c, uint64_t seed) {
     absl::StatusOr<std::unique_ptr<Image>> image;
-    if (on_device) {
+    if (on_device_) {
       CreateOptions full;
-      full.size = p->size;
-      full.cluster_size = p->cluster;
-      image = CreateBenchImage(env.device, full, env.direct);
+      full.size = p_.size;
+      full.cluster_size = p_.cluster;
+      image = CreateBenchImage(env_.device, full, env_.direct);
       if (image.ok()) {
-        if (absl::Status s = FillImage(**image, 0x5a, env.progress,
-                                       "qcow2 on " + env.device);
+        if (absl::Status s = FillImage(**image, 0x5a, env_.progress,
+                                       "qcow2 on " + env_.device);
             !s.ok()) {
           return s;
         }
       }
     } else {
-      image = OpenBenchImage(base_path, env.direct, true, "qcow2");
+      image = OpenBenchImage(paths_[0], env_.direct, true, "qcow2");
     }
     if (!image.ok()) return image.status();
-    absl::Status s = Measure(env, **image, *p, c, label(c), seed, report);
-    if (s.ok()) s = (*image)->Close();
-    return s;
-  };
-  // A cell of a group, and how to measure it once (appending its row).
-  using CellRun = std::function<absl::Status(const Cell&, uint64_t seed)>;
-  struct GroupCell {
-    Cell cell;
-    CellRun run;
-  };
-  const CellRun fresh = [&](const Cell& c, uint64_t seed) {
-    return fresh_cell(c, seed);
-  };
-  const CellRun allocated = [&](const Cell& c, uint64_t seed) {
-    return allocated_cell(c, seed);
-  };
-  auto add = [](std::vector<GroupCell>* g, const Cell& c, CellRun run) {
-    GroupCell gc;
-    gc.cell = c;
-    gc.run = std::move(run);
-    g->push_back(std::move(gc));
-  };
-  std::vector<std::vector<GroupCell>> groups;
-  for (uint64_t bs : p->bs) {
-    std::vector<GroupCell> g;
-    for (bool xl2 : {false, true}) {
-      add(&g, {"fresh overlay", Op::kWrite, bs, xl2}, fresh);
-    }
-    add(&g, {"allocated", Op::kWrite, bs, std::nullopt}, allocated);
-    if (on_device) {
-      // No file system: the device itself, as raw, is the ceiling.
-      add(&g, {"raw device", Op::kWrite, bs, std::nullopt},
-          [&](const Cell& c, uint64_t seed) -> absl::Status {
-            auto image = OpenBenchImage(env.device, env.direct, true, "raw");
-            if (!image.ok()) return image.status();
-            absl::Status s =
-                Measure(env, **image, *p, c, label(c), seed, report);
-            if (s.ok()) s = (*image)->Close();
-            return s;
-          });
-    } else {
-      // What the file system charges for writing into blocks it has not
-      // written yet, with no qcow2 at all: a fresh sparse raw file, and
-      // one whose blocks are reserved with fallocate (unwritten extents),
-      // as an overlay reserves the room it grows into.
-      for (bool reserved : {false, true}) {
-        add(&g,
-            {reserved ? "reserved raw file" : "fresh raw file", Op::kWrite,
-             bs, std::nullopt},
-            [&, reserved](const Cell& c, uint64_t seed) -> absl::Status {
-              CreateOptions raw;
-              raw.format = ImageFormat::kRaw;
-              raw.size = p->size;
-              if (reserved) raw.preallocation = Preallocation::kFalloc;
-              const std::string raw_path = env.scratch->Path("fresh.raw");
-              auto image = CreateBenchImage(raw_path, raw, env.direct);
-              if (!image.ok()) return image.status();
-              absl::Status s =
-                  Measure(env, **image, *p, c, label(c), seed, report);
-              if (s.ok()) s = (*image)->Close();
-              image->reset();
-              if (s.ok()) s = env.scratch->Remove(raw_path);
-              return s;
-            });
-      }
-    }
-    groups.push_back(std::move(g));
+    return MeasureAndClose(**image, c, seed);
   }
-  {
-    // Small sequential writes: with standard L2 entries each new cluster
-    // would otherwise be copied on its first write.
-    std::vector<GroupCell> g;
+
+  // No file system: the device itself, as raw, is the ceiling.
+  absl::Status RawDeviceCell(const Cell& c, uint64_t seed) {
+    auto image = OpenBenchImage(env_.device, env_.direct, true, "raw");
+    if (!image.ok()) return image.status();
+    return MeasureAndClose(**image, c, seed);
+  }
+
+  // What the file system charges for writing into blocks it has not
+  // written yet, with no qcow2 at all: a fresh sparse raw file, or one
+  // whose blocks are reserved with fallocate (unwritten extents), as an
+  // overlay reserves the room it grows into.
+  absl::Status RawFileCell(bool reserved, const Cell& c, uint64_t seed) {
+    CreateOptions raw;
+    raw.format = ImageFormat::kRaw;
+    raw.size = p_.size;
+    if (reserved) raw.preallocation = Preallocation::kFalloc;
+    const std::string raw_path = env_.scratch->Path("fresh.raw");
+    auto image = CreateBenchImage(raw_path, raw, env_.direct);
+    if (!image.ok()) return image.status();
+    absl::Status s = MeasureAndClose(**image, c, seed);
+    image->reset();
+    if (s.ok()) s = env_.scratch->Remove(raw_path);
+    return s;
+  }
+
+  CellRun Fresh() {
+    return [this](const Cell& c, uint64_t seed) { return FreshCell(c, seed); };
+  }
+  CellRun Allocated() {
+    return [this](const Cell& c, uint64_t seed) {
+      return AllocatedCell(c, seed);
+    };
+  }
+  static void Add(Group* g, const Cell& c, CellRun run) {
+    g->push_back(GroupCell{c, std::move(run)});
+  }
+
+  // Random writes of `bs` bytes into every target.
+  Group RandomWriteGroup(uint64_t bs) {
+    Group g;
+    for (bool xl2 : {false, true}) {
+      Add(&g, {"fresh overlay", Op::kWrite, bs, xl2}, Fresh());
+    }
+    Add(&g, {"allocated", Op::kWrite, bs, std::nullopt}, Allocated());
+    if (on_device_) {
+      Add(&g, {"raw device", Op::kWrite, bs, std::nullopt},
+          [this](const Cell& c, uint64_t seed) {
+            return RawDeviceCell(c, seed);
+          });
+      return g;
+    }
+    for (bool reserved : {false, true}) {
+      Add(&g,
+          {reserved ? "reserved raw file" : "fresh raw file", Op::kWrite, bs,
+           std::nullopt},
+          [this, reserved](const Cell& c, uint64_t seed) {
+            return RawFileCell(reserved, c, seed);
+          });
+    }
+    return g;
+  }
+
+  // Small sequential writes: with standard L2 entries each new cluster
+  // would otherwise be copied on its first write.
+  Group SequentialWriteGroup() {
+    Group g;
     for (bool xl2 : {false, true}) {
       Cell c{"fresh overlay", Op::kWrite, kReadSize, xl2};
       c.sequential = true;
-      add(&g, c, fresh);
+      Add(&g, c, Fresh());
     }
     Cell c{"allocated", Op::kWrite, kReadSize, std::nullopt};
     c.sequential = true;
-    add(&g, c, allocated);
-    groups.push_back(std::move(g));
+    Add(&g, c, Allocated());
+    return g;
   }
-  // Each group in --repeat rounds, the cells in one order in even rounds
+
+  // Group `gi` in --repeat rounds, the cells in one order in even rounds
   // and in the reverse order in odd ones (what runs first or last in a
   // round, on a drifting machine, lands on every cell alike); all cells of
-  // a round write the same offsets. A row is the cell's median round by
-  // IOPS; its ratios are the medians of the rounds' ratios (each against
-  // the same round's allocated and raw cells), so a slow spell that hits
-  // one round moves its ratio once.
-  for (size_t gi = 0; gi < groups.size(); ++gi) {
-    std::vector<GroupCell>& g = groups[gi];
+  // a round write the same offsets.
+  absl::Status RunGroup(size_t gi, Group& g) {
     std::vector<std::vector<Record>> runs(g.size());
-    for (int round = 0; round < p->rounds; ++round) {
-      const uint64_t seed = env.opts.seed + 1000 * (gi + 1) + round;
+    for (int round = 0; round < p_.rounds; ++round) {
+      const uint64_t seed = env_.opts.seed + 1000 * (gi + 1) + round;
       for (size_t k = 0; k < g.size(); ++k) {
         const size_t i = round % 2 == 0 ? k : g.size() - 1 - k;
         if (absl::Status s = g[i].run(g[i].cell, seed); !s.ok()) return s;
-        runs[i].push_back(std::move(report->rows.back()));
-        report->rows.pop_back();
+        runs[i].push_back(std::move(report_->rows.back()));
+        report_->rows.pop_back();
       }
     }
+    AddGroupRows(g, runs);
+    return absl::OkStatus();
+  }
+
+  // A row is the cell's median round by IOPS; its ratios are the medians
+  // of the rounds' ratios (each against the same round's allocated and
+  // raw cells), so a slow spell that hits one round moves its ratio once.
+  void AddGroupRows(const Group& g,
+                    const std::vector<std::vector<Record>>& runs) {
     auto index_of = [&](std::string_view target) -> std::optional<size_t> {
       for (size_t i = 0; i < g.size(); ++i) {
         if (g[i].cell.target == target) return i;
@@ -404,39 +430,64 @@ absl::Status RunRmw(Env& env, Report* report) {
                Value::Ratio(g[i].cell.target == "fresh overlay"
                                 ? ratio(i, raw)
                                 : std::nullopt));
-      report->rows.push_back(std::move(row));
+      report_->rows.push_back(std::move(row));
     }
   }
+
   // Rounds of (depth 0, depth N), both reading the same offsets in a
   // round, so that a drift of the device lands on both alike.
-  const uint64_t read_seed = env.opts.seed + report->rows.size();
-  std::vector<Record> rounds[2];
-  for (int round = 0; round < p->rounds; ++round) {
-    for (int i = 0; i < 2; ++i) {
-      const int d = i == 0 ? 0 : p->depth;
-      auto image = OpenBenchImage((*paths)[d], env.direct, false, "qcow2");
-      if (!image.ok()) return image.status();
-      Cell c{absl::StrCat("depth ", d), Op::kRead, kReadSize, std::nullopt, d};
-      absl::Status s =
-          Measure(env, **image, *p, c, label(c), read_seed + round, report);
-      if (s.ok()) s = (*image)->Close();
-      if (!s.ok()) return s;
-      rounds[i].push_back(std::move(report->rows.back()));
-      report->rows.pop_back();
+  absl::Status RunReads() {
+    const uint64_t read_seed = env_.opts.seed + report_->rows.size();
+    std::vector<Record> rounds[2];
+    for (int round = 0; round < p_.rounds; ++round) {
+      for (int i = 0; i < 2; ++i) {
+        const int d = i == 0 ? 0 : p_.depth;
+        auto image = OpenBenchImage(paths_[d], env_.direct, false, "qcow2");
+        if (!image.ok()) return image.status();
+        Cell c{absl::StrCat("depth ", d), Op::kRead, kReadSize, std::nullopt,
+               d};
+        if (absl::Status s = MeasureAndClose(**image, c, read_seed + round);
+            !s.ok()) {
+          return s;
+        }
+        rounds[i].push_back(std::move(report_->rows.back()));
+        report_->rows.pop_back();
+      }
     }
+    const std::optional<double> deep = MedianRatio(rounds[1], rounds[0]);
+    report_->rows.push_back(MedianRun(rounds[0]).Set(
+        "ratio_vs_baseline", Value::Ratio(std::nullopt)));
+    report_->rows.push_back(
+        MedianRun(rounds[1]).Set("ratio_vs_baseline", Value::Ratio(deep)));
+    for (size_t i = report_->rows.size() - 2; i < report_->rows.size(); ++i) {
+      report_->rows[i].Set("ratio_vs_raw", Value());
+    }
+    return absl::OkStatus();
   }
-  const std::optional<double> deep = MedianRatio(rounds[1], rounds[0]);
-  report->rows.push_back(MedianRun(rounds[0]).Set("ratio_vs_baseline",
-                                                  Value::Ratio(std::nullopt)));
-  report->rows.push_back(
-      MedianRun(rounds[1]).Set("ratio_vs_baseline", Value::Ratio(deep)));
-  for (size_t i = report->rows.size() - 2; i < report->rows.size(); ++i) {
-    report->rows[i].Set("ratio_vs_raw", Value());
-  }
-  AddCommonParams(env.direct, engine, &report->params);
-  report->params.Set("device",
-                     on_device ? Value::Str(env.device) : Value());
 
+  Env& env_;
+  const Params& p_;
+  const std::vector<std::string> paths_;  // the chain, base first
+  Report* report_;
+  const bool on_device_;
+  const size_t total_;  // cells to measure, for the progress labels
+  size_t done_ = 0;
+  std::string engine_;
+};
+
+void SetParams(const Params& p, Report* report) {
+  report->params.Set("image_size", Value::Uint(p.size))
+      .Set("cluster_size", Value::Uint(p.cluster))
+      .Set("bs", Value::UintList(p.bs))
+      .Set("qd", Value::Uint(p.qd))
+      .Set("depth", Value::Uint(p.depth))
+      .Set("writes", Value::Uint(p.writes))
+      .Set("read_seconds", Value::Num(p.read_seconds))
+      .Set("rounds", Value::Uint(p.rounds));
+}
+
+// The rows for --output=human: sizes, patterns and L2 kinds in short.
+void AddHumanRows(Report* report) {
   for (Record& row : report->rows) {
     Record human;
     for (const auto& [k, v] : row.members()) {
@@ -455,6 +506,9 @@ absl::Status RunRmw(Env& env, Report* report) {
     }
     report->human_rows.push_back(std::move(human));
   }
+}
+
+void SetColumns(Report* report) {
   report->columns = {
       {"op", "op", 0, true},
       {"bs", "bs"},
@@ -474,6 +528,20 @@ absl::Status RunRmw(Env& env, Report* report) {
       {"IOPS max", "iops_max", 0},
   };
   report->plot_title.clear();
+}
+
+}  // namespace
+
+absl::Status RunRmw(Env& env, Report* report) {
+  absl::StatusOr<Params> p = Resolve(env.opts);
+  if (!p.ok()) return p.status();
+  SetParams(*p, report);
+  auto paths = BuildChain(env, *p);
+  if (!paths.ok()) return paths.status();
+  RmwRun run(env, *p, *std::move(paths), report);
+  if (absl::Status s = run.Run(); !s.ok()) return s;
+  AddHumanRows(report);
+  SetColumns(report);
   return absl::OkStatus();
 }
 

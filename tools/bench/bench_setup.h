@@ -14,9 +14,9 @@
 #include "absl/status/statusor.h"
 #include "qcow2/image.h"
 #include "qcow2/stats.h"
-#include "tools/bench_output.h"
-#include "tools/bench_progress.h"
-#include "tools/bench_runner.h"
+#include "tools/bench/bench_output.h"
+#include "tools/bench/bench_progress.h"
+#include "tools/bench/bench_runner.h"
 
 namespace qcow2::tool::bench {
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "tools/bench_runner.h"
+#include "tools/bench/bench_runner.h"
 
 #include <sys/resource.h>
 
@@ -125,96 +125,144 @@ RequestGen MixRequests(uint64_t start, uint64_t len, std::vector<MixEntry> mix,
   };
 }
 
-absl::StatusOr<JobResult> RunJob(Queue& queue, const JobSpec& spec) {
-  AlignedBuffer buffer(static_cast<size_t>(spec.qd) * spec.max_len, spec.fill);
-  std::vector<Clock::time_point> started(spec.qd);
-  std::vector<int> free_slots;
-  for (int i = spec.qd - 1; i >= 0; --i) free_slots.push_back(i);
+namespace {
 
-  JobResult result;
-  absl::Status error;
-  int in_flight = 0;
-  uint64_t submitted = 0, unreported = 0;
-  uint64_t since_flush = 0;  // requests submitted since the last flush
-  bool flush_in_flight = false;
-  const Clock::time_point t0 = Clock::now();
-  const auto deadline = t0 + std::chrono::duration_cast<Clock::duration>(
-                                 std::chrono::duration<double>(spec.seconds));
-  auto may_submit = [&] {
-    if (!error.ok() || StopRequested()) return false;
-    if (spec.count != 0 && submitted >= spec.count) return false;
-    return spec.seconds <= 0 || Clock::now() < deadline;
-  };
-
-  while (true) {
-    while (in_flight < spec.qd && may_submit()) {
-      const int slot = free_slots.back();
-      const Request req = spec.next();
-      Completion done = [&, slot, len = req.len](absl::Status s) {
-        const Clock::time_point end = Clock::now();
-        --in_flight;
-        free_slots.push_back(slot);
-        if (!s.ok()) {
-          if (error.ok()) error = std::move(s);
-          return;
-        }
-        result.latency.Add(static_cast<uint64_t>(
-            std::chrono::duration_cast<std::chrono::nanoseconds>(end -
-                                                                 started[slot])
-                .count()));
-        ++result.ops;
-        result.bytes += len;
-        if (spec.progress != nullptr && ++unreported == kProgressBatch) {
-          spec.progress->Add(unreported);
-          unreported = 0;
-        }
-      };
-      uint8_t* buf = buffer.data() + static_cast<size_t>(slot) * spec.max_len;
-      started[slot] = Clock::now();
-      absl::Status s =
-          spec.op == Op::kRead
-              ? queue.SubmitRead(req.offset, absl::MakeSpan(buf, req.len),
-                                 std::move(done))
-              : queue.SubmitWrite(req.offset, absl::MakeSpan(buf, req.len),
-                                  std::move(done));
-      if (!s.ok()) {
-        error = std::move(s);
-        break;
-      }
-      free_slots.pop_back();
-      ++in_flight;
-      ++submitted;
-      ++since_flush;
-    }
-    if (spec.flush_every != 0 && since_flush >= spec.flush_every &&
-        !flush_in_flight && error.ok()) {
-      absl::Status s = queue.SubmitFlush([&](absl::Status fs) {
-        flush_in_flight = false;
-        if (!fs.ok() && error.ok()) error = std::move(fs);
-      });
-      if (s.ok()) {
-        flush_in_flight = true;
-        since_flush -= spec.flush_every;  // one that came due late still runs
-      } else {
-        error = std::move(s);
-      }
-    }
-    if (in_flight == 0 && !flush_in_flight) break;
-    queue.Poll(1);
+// One RunJob: up to spec.qd requests in flight on `queue`, a flush every
+// spec.flush_every requests, until the count or the time is reached.
+class JobLoop {
+ public:
+  JobLoop(Queue& queue, const JobSpec& spec)
+      : queue_(queue),
+        spec_(spec),
+        buffer_(static_cast<size_t>(spec.qd) * spec.max_len, spec.fill),
+        started_(spec.qd),
+        t0_(Clock::now()),
+        deadline_(t0_ + std::chrono::duration_cast<Clock::duration>(
+                            std::chrono::duration<double>(spec.seconds))) {
+    for (int i = spec.qd - 1; i >= 0; --i) free_slots_.push_back(i);
   }
-  if (error.ok() && spec.flush && !StopRequested()) {
+
+  absl::StatusOr<JobResult> Run() {
+    while (true) {
+      while (in_flight_ < spec_.qd && MaySubmit()) {
+        if (!SubmitOne()) break;
+      }
+      MaybeFlush();
+      if (in_flight_ == 0 && !flush_in_flight_) break;
+      queue_.Poll(1);
+    }
+    if (error_.ok() && spec_.flush && !StopRequested()) {
+      if (absl::Status s = FinalFlush(); !s.ok()) return s;
+    }
+    result_.seconds = SecondsBetween(t0_, Clock::now());
+    if (!error_.ok()) return error_;
+    if (StopRequested()) return absl::CancelledError("interrupted");
+    return result_;
+  }
+
+ private:
+  bool MaySubmit() const {
+    if (!error_.ok() || StopRequested()) return false;
+    if (spec_.count != 0 && submitted_ >= spec_.count) return false;
+    return spec_.seconds <= 0 || Clock::now() < deadline_;
+  }
+
+  // A request finished in `slot`: its latency and bytes are counted.
+  void Complete(int slot, uint32_t len, absl::Status s) {
+    const Clock::time_point end = Clock::now();
+    --in_flight_;
+    free_slots_.push_back(slot);
+    if (!s.ok()) {
+      if (error_.ok()) error_ = std::move(s);
+      return;
+    }
+    result_.latency.Add(static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(end -
+                                                             started_[slot])
+            .count()));
+    ++result_.ops;
+    result_.bytes += len;
+    if (spec_.progress != nullptr && ++unreported_ == kProgressBatch) {
+      spec_.progress->Add(unreported_);
+      unreported_ = 0;
+    }
+  }
+
+  // Submits the next request; false (the error noted) if it failed.
+  bool SubmitOne() {
+    const int slot = free_slots_.back();
+    const Request req = spec_.next();
+    Completion done = [this, slot, len = req.len](absl::Status s) {
+      Complete(slot, len, std::move(s));
+    };
+    uint8_t* buf = buffer_.data() + static_cast<size_t>(slot) * spec_.max_len;
+    started_[slot] = Clock::now();
+    absl::Status s =
+        spec_.op == Op::kRead
+            ? queue_.SubmitRead(req.offset, absl::MakeSpan(buf, req.len),
+                                std::move(done))
+            : queue_.SubmitWrite(req.offset, absl::MakeSpan(buf, req.len),
+                                 std::move(done));
+    if (!s.ok()) {
+      error_ = std::move(s);
+      return false;
+    }
+    free_slots_.pop_back();
+    ++in_flight_;
+    ++submitted_;
+    ++since_flush_;
+    return true;
+  }
+
+  // The flush every spec.flush_every requests, one at a time.
+  void MaybeFlush() {
+    if (spec_.flush_every == 0 || since_flush_ < spec_.flush_every ||
+        flush_in_flight_ || !error_.ok()) {
+      return;
+    }
+    absl::Status s = queue_.SubmitFlush([this](absl::Status fs) {
+      flush_in_flight_ = false;
+      if (!fs.ok() && error_.ok()) error_ = std::move(fs);
+    });
+    if (s.ok()) {
+      flush_in_flight_ = true;
+      since_flush_ -= spec_.flush_every;  // one that came due late still runs
+    } else {
+      error_ = std::move(s);
+    }
+  }
+
+  // The closing flush (spec.flush), waited for; its error goes to error_.
+  absl::Status FinalFlush() {
     bool flushed = false;
-    absl::Status s = queue.SubmitFlush([&](absl::Status fs) {
-      error = std::move(fs);
+    absl::Status s = queue_.SubmitFlush([&](absl::Status fs) {
+      error_ = std::move(fs);
       flushed = true;
     });
     if (!s.ok()) return s;
-    while (!flushed) queue.Poll(1);
+    while (!flushed) queue_.Poll(1);
+    return absl::OkStatus();
   }
-  result.seconds = SecondsBetween(t0, Clock::now());
-  if (!error.ok()) return error;
-  if (StopRequested()) return absl::CancelledError("interrupted");
-  return result;
+
+  Queue& queue_;
+  const JobSpec& spec_;
+  AlignedBuffer buffer_;
+  std::vector<Clock::time_point> started_;
+  std::vector<int> free_slots_;
+  JobResult result_;
+  absl::Status error_;
+  int in_flight_ = 0;
+  uint64_t submitted_ = 0, unreported_ = 0;
+  uint64_t since_flush_ = 0;  // requests submitted since the last flush
+  bool flush_in_flight_ = false;
+  const Clock::time_point t0_;
+  const Clock::time_point deadline_;
+};
+
+}  // namespace
+
+absl::StatusOr<JobResult> RunJob(Queue& queue, const JobSpec& spec) {
+  return JobLoop(queue, spec).Run();
 }
 
 absl::StatusOr<JobResult> RunOne(Image& image, JobSpec spec) {

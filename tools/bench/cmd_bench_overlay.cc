@@ -18,7 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "tools/bench_workloads.h"
+#include "tools/bench/bench_workloads.h"
 
 namespace qcow2::tool::bench {
 namespace {

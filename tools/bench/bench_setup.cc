@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "tools/bench_setup.h"
+#include "tools/bench/bench_setup.h"
 
 #include <stdlib.h>
 #include <unistd.h>

@@ -10,7 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "tools/bench_workloads.h"
+#include "tools/bench/bench_workloads.h"
 
 namespace qcow2::tool::bench {
 namespace {

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "tools/bench_runner.h"
+#include "tools/bench/bench_runner.h"
 #include "tools/cli_util.h"
 
 namespace qcow2::tool::bench {

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "tools/bench_svg.h"
+#include "tools/bench/bench_svg.h"
 
 #include <algorithm>
 #include <cerrno>

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The workloads of `qcowtool bench`, one file each (tools/cmd_bench_*.cc).
+// The workloads of `qcowtool bench`, one file each (tools/bench/cmd_bench_*.cc).
 // Each fills a Report from the options (unset ones take the workload's
-// defaults); tools/cmd_bench.cc parses the command line, checks which
+// defaults); tools/bench/cmd_bench.cc parses the command line, checks which
 // options apply, prints the report and writes the chart.
 //
 // Errors: kInvalidArgument for option values that do not fit together
@@ -14,10 +14,10 @@
 #include <string_view>
 
 #include "absl/status/status.h"
-#include "tools/bench_options.h"
-#include "tools/bench_output.h"
-#include "tools/bench_progress.h"
-#include "tools/bench_setup.h"
+#include "tools/bench/bench_options.h"
+#include "tools/bench/bench_output.h"
+#include "tools/bench/bench_progress.h"
+#include "tools/bench/bench_setup.h"
 
 namespace qcow2::tool::bench {
 

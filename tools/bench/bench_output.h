@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "tools/bench_svg.h"
+#include "tools/bench/bench_svg.h"
 
 namespace qcow2::tool::bench {
 

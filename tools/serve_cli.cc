@@ -1,0 +1,48 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "tools/serve_cli.h"
+
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace qcow2::tool {
+
+void AddServeCommonOptions(OptionParser* parser, const ServeCommonArgs& out) {
+  parser->Format(out.format)
+      .Flag("read-only", 'r', out.read_only)
+      .Flag("direct", 0, out.direct)
+      .Flag("fork", 0, out.fork)
+      .Text("pid-file", 0, out.pid_file)
+      .Help();
+}
+
+OptionParser::Handler CountOption(
+    const OptionParser& parser, std::string_view name, int min, int max,
+    std::string_view expected,
+    std::function<void(const char* text, int value)> store) {
+  return [&parser, name = std::string(name), min, max,
+          expected = std::string(expected),
+          store = std::move(store)](const char* text) {
+    int v = 0;
+    if (!absl::SimpleAtoi(text, &v) || v < min || v > max) {
+      return parser.Error(
+          absl::StrCat(name, " '", text, "': expected ", expected));
+    }
+    store(text, v);
+    return kGoOn;
+  };
+}
+
+int ExpectServedImage(const OptionParser& parser,
+                      const std::vector<std::string>& operands,
+                      std::string* image) {
+  if (operands.size() != 1) {
+    return parser.Error(operands.empty() ? "no IMAGE given"
+                                         : "more than one IMAGE given");
+  }
+  *image = operands[0];
+  return kGoOn;
+}
+
+}  // namespace qcow2::tool
