@@ -499,15 +499,14 @@ INSTANTIATE_TEST_SUITE_P(
                false, /*rate_limit=*/16 << 20},
         // Active commit: into the backing file (4 KiB clusters under a
         // 64 KiB top: the range locks change geometry at the switch), to
-        // the bottom, into a raw bottom (a raw top after), cancelled, and
-        // rate-limited.
+        // the bottom, into a raw bottom (a raw top after; rate-limited),
+        // and cancelled.
         Config{"active_into_backing", Job::kActive, 1, false, 65536, true},
         Config{"active_into_base", Job::kActive, 3, false, 4096, false},
-        Config{"active_into_raw", Job::kActive, 3, true, 32768, true},
+        Config{"active_into_raw_rate_limited", Job::kActive, 3, true, 32768,
+               true, false, /*rate_limit=*/16 << 20},
         Config{"active_cancelled", Job::kActive, 2, false, 16384, false,
-               /*cancel=*/true},
-        Config{"active_rate_limited", Job::kActive, 2, false, 65536, false,
-               false, /*rate_limit=*/16 << 20}),
+               /*cancel=*/true}),
     [](const ::testing::TestParamInfo<Config>& info) {
       return info.param.name;
     });
