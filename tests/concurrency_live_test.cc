@@ -17,6 +17,7 @@
 // waits for more guest requests to complete, so the guests run during the
 // job however the threads are scheduled.
 #include <atomic>
+#include <cstdio>
 #include <deque>
 #include <mutex>
 #include <random>
@@ -342,6 +343,9 @@ TEST_P(LiveJobTest, GuestWritesSurviveAndChainShortens) {
     ASSERT_OK(s);
     // Each pass over what the guests changed adds to the total.
     EXPECT_GE(total, kDisk);
+    printf("[active commit] %s: %llu bytes walked for a %llu-byte disk\n",
+           c.name.c_str(), static_cast<unsigned long long>(total),
+           static_cast<unsigned long long>(kDisk));
     EXPECT_EQ(last_done, total);
     EXPECT_GT(calls, 0u);
     // The base is the top now, over what was under it.
