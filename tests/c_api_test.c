@@ -448,17 +448,31 @@ static void test_live(void) {
     EXPECT_ERROR(qcow2_image_live_stream(img, 4, &opts, &err), -ECANCELED,
                  err, "cancelled");
     CHECK(qcow2_image_chain_length(img) == 4);
-    EXPECT_ERROR(qcow2_image_live_commit(img, 1, NULL, &err), -ENOTSUP, err,
-                 "active layer");
+    EXPECT_ERROR(qcow2_image_live_commit_active(img, 4, NULL, &err), -EINVAL,
+                 err, "base");
     uint64_t calls = 0;
     opts.control = NULL;
     opts.progress = count_progress;
     opts.progress_data = &calls;
-    CHECK_OK(qcow2_image_live_commit(img, 3, &opts, &err), err);
+    /* l3 <- l2 <- l1 <- l0: l2 streamed into the top, l1 committed into
+     * l0, then the top committed into l0, which becomes the top. */
+    CHECK_OK(qcow2_image_live_stream(img, 2, NULL, &err), err);
+    CHECK(qcow2_image_chain_length(img) == 3);
+    CHECK_OK(qcow2_image_live_commit(img, 2, &opts, &err), err);
     CHECK(calls > 0);
     CHECK(qcow2_image_chain_length(img) == 2);
-    CHECK_OK(qcow2_image_live_stream(img, 2, NULL, &err), err);
+    /* A guest write after the last job, before the active commit. */
+    for (size_t j = 0; j < sizeof buf; ++j) buf[j] = pattern(j, 70);
+    CHECK_OK(qcow2_image_write(img, 1500000, buf, sizeof buf, &err), err);
+    memcpy(want + 1500000, buf, sizeof buf);
+    calls = 0;
+    CHECK_OK(qcow2_image_live_commit_active(img, 1, &opts, &err), err);
+    CHECK(calls > 0);
     CHECK(qcow2_image_chain_length(img) == 1);
+    /* The guest writes into l0 now. */
+    for (size_t j = 0; j < sizeof buf; ++j) buf[j] = pattern(j, 71);
+    CHECK_OK(qcow2_image_write(img, 4096, buf, sizeof buf, &err), err);
+    memcpy(want + 4096, buf, sizeof buf);
     CHECK_OK(qcow2_image_read(img, 0, got, SIZE, &err), err);
     CHECK(memcmp(got, want, SIZE) == 0);
     CHECK_OK(qcow2_image_close(img, &err), err);
@@ -467,6 +481,18 @@ static void test_live(void) {
   char cmd[20000];
   snprintf(cmd, sizeof cmd, "qemu-img check -q '%s' && qemu-img check -q '%s'",
            path[3], path[0]);
+  CHECK(system(cmd) == 0);
+  /* The committed base against the disk as the guest wrote it. */
+  char raw[4200];
+  snprintf(raw, sizeof raw, "%s/want.raw", dir_path);
+  FILE* f = fopen(raw, "wb");
+  CHECK(f != NULL);
+  if (f != NULL) {
+    CHECK(fwrite(want, 1, SIZE, f) == SIZE);
+    fclose(f);
+  }
+  snprintf(cmd, sizeof cmd, "qemu-img compare -q -f qcow2 -F raw '%s' '%s'",
+           path[0], raw);
   CHECK(system(cmd) == 0);
   free(want);
   free(got);

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Live stream and live commit (Image::LiveStream, Image::LiveCommit) on a
+// Live stream, live commit and active commit (Image::LiveStream,
+// Image::LiveCommit, Image::LiveActiveCommit) on a
 // four-layer chain while several threads, each with its own Queue, write
 // random data, zeroes and discards and read back what they own, checked
 // against a model the whole time. Each thread owns every fourth 24 KiB
@@ -9,11 +10,14 @@
 // overlap, so a read must return the model as it was when the read was
 // submitted. After the job: the chain is the shorter one, the disk equals
 // the model, every image passes `qemu-img check`, and a fresh open (and
-// qemu-img reading the top) equals the model. Cancelled jobs leave the
+// qemu-img reading the top) equals the model; after an active commit the
+// base is the top, and `qemu-img compare` finds it equal to the model
+// written out raw. Cancelled jobs leave the
 // old chain; rate-limited ones report progress. Between two chunks the job
 // waits for more guest requests to complete, so the guests run during the
 // job however the threads are scheduled.
 #include <atomic>
+#include <cstdio>
 #include <deque>
 #include <mutex>
 #include <random>
@@ -37,12 +41,13 @@ constexpr uint64_t kDisk = 4 << 20;
 constexpr uint64_t kStripe = 24 << 10;
 constexpr int kThreads = 4;
 
-enum class Job { kStream, kCommit };
+enum class Job { kStream, kCommit, kActive };
 
 struct Config {
   std::string name;
   Job job;
   int base;         // depth in the four-layer chain (0 top .. 3 bottom)
+                    // (an active commit's base becomes the top)
   bool raw_bottom;  // the bottom layer is raw
   uint32_t top_cluster;
   bool top_xl2;
@@ -243,8 +248,10 @@ class LiveJobTest : public ::testing::TestWithParam<Config> {
     for (int t = 0; t < kThreads; ++t) {
       guests.emplace_back([&, t] { Guest(image->get(), t, &stop, 60); });
     }
-    absl::Status s = c.job == Job::kStream ? (*image)->LiveStream(c.base, jo)
-                                           : (*image)->LiveCommit(c.base, jo);
+    absl::Status s = c.job == Job::kStream   ? (*image)->LiveStream(c.base, jo)
+                     : c.job == Job::kCommit ? (*image)->LiveCommit(c.base, jo)
+                                             : (*image)->LiveActiveCommit(
+                                                   c.base, jo);
     stop = true;
     for (std::thread& g : guests) g.join();
     return s;
@@ -260,9 +267,10 @@ class LiveJobTest : public ::testing::TestWithParam<Config> {
     return absl::OkStatus();
   }
 
-  // Every image file passes qemu-img check; the top reopened, and read by
-  // qemu-img, equals the model.
-  void CheckAfterClose() {
+  // Every image file passes qemu-img check; the top (`top`: the base of a
+  // finished active commit) reopened, and read by qemu-img, equals the
+  // model.
+  void CheckAfterClose(int top = 0) {
     for (int depth = 0; depth < 4; ++depth) {
       if (depth == 3 && GetParam().raw_bottom) continue;
       if (!testing::HaveQemu()) break;
@@ -270,12 +278,23 @@ class LiveJobTest : public ::testing::TestWithParam<Config> {
       EXPECT_EQ(r.exit_code, 0) << Name(depth) << ": " << r.out << r.err;
     }
     OpenOptions ro;
-    ASSERT_OK_AND_ASSIGN(auto again, Image::Open(Path(0), ro));
+    ASSERT_OK_AND_ASSIGN(auto again, Image::Open(Path(top), ro));
     EXPECT_OK(CheckDisk(again.get()));
     ASSERT_OK(again->Close());
     if (testing::HaveQemu()) {
-      ASSERT_OK_AND_ASSIGN(auto q, testing::QemuReadAll(Path(0)));
+      ASSERT_OK_AND_ASSIGN(auto q, testing::QemuReadAll(Path(top)));
       EXPECT_TRUE(q == model_.bytes()) << "qemu-img reads the top differently";
+    }
+    if (top > 0 && testing::HaveQemu()) {
+      // The committed base against the pre-commit chain's view with the
+      // guest's writes applied (the model, as a raw file).
+      const std::string raw = dir_.File("model.raw");
+      ASSERT_OK(testing::WriteFileBytes(raw, model_.bytes()));
+      const std::string fmt =
+          top == 3 && GetParam().raw_bottom ? "raw" : "qcow2";
+      testing::CommandResult r = testing::Run(
+          {"qemu-img", "compare", "-f", fmt, "-F", "raw", Path(top), raw});
+      EXPECT_EQ(r.exit_code, 0) << "qemu-img compare: " << r.out << r.err;
     }
   }
 
@@ -320,6 +339,35 @@ TEST_P(LiveJobTest, GuestWritesSurviveAndChainShortens) {
     EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
     EXPECT_EQ(chain.size(), 4u);
     EXPECT_EQ(chain[0].backing_file, Name(1));
+  } else if (c.job == Job::kActive) {
+    ASSERT_OK(s);
+    // Each pass over what the guests changed adds to the total.
+    EXPECT_GE(total, kDisk);
+    printf("[active commit] %s: %llu bytes walked for a %llu-byte disk\n",
+           c.name.c_str(), static_cast<unsigned long long>(total),
+           static_cast<unsigned long long>(kDisk));
+    EXPECT_EQ(last_done, total);
+    EXPECT_GT(calls, 0u);
+    // The base is the top now, over what was under it.
+    ASSERT_EQ(chain.size(), static_cast<size_t>(4 - c.base));
+    EXPECT_EQ(chain[0].filename, Path(c.base));
+    EXPECT_EQ(chain[0].backing_file, c.base < 3 ? Name(c.base + 1) : "");
+    // The layers above it left the chain and are unlocked (opened alone:
+    // their chains hold the new top, write-locked); the layers under it
+    // are read-locked.
+    OpenOptions rw;
+    rw.read_write = true;
+    rw.open_backing = false;
+    for (int depth = 0; depth < 4; ++depth) {
+      auto other = Image::Open(Path(depth), rw);
+      if (depth < c.base) {
+        EXPECT_TRUE(other.ok()) << Name(depth) << " left the chain: "
+                                << other.status();
+      } else {
+        EXPECT_EQ(other.status().code(), absl::StatusCode::kUnavailable)
+            << Name(depth) << " is still in the chain: " << other.status();
+      }
+    }
   } else {
     ASSERT_OK(s);
     EXPECT_EQ(total, kDisk);
@@ -352,7 +400,7 @@ TEST_P(LiveJobTest, GuestWritesSurviveAndChainShortens) {
   EXPECT_OK(CheckDisk(image.get()));
   ASSERT_OK(image->Close());
   image.reset();
-  CheckAfterClose();
+  CheckAfterClose(c.job == Job::kActive && !c.cancel ? c.base : 0);
 }
 
 // The refusals, before anything is written.
@@ -372,9 +420,10 @@ TEST(LiveJobErrorsTest, RefusesWhatItCannotDo) {
   ASSERT_OK(ro->Close());
   oo.read_write = true;
   ASSERT_OK_AND_ASSIGN(auto img, Image::Open(dir.File("t.qcow2"), oo));
-  absl::Status s = img->LiveCommit(1);
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
-  EXPECT_NE(s.message().find("active layer"), std::string::npos) << s;
+  EXPECT_EQ(img->LiveActiveCommit(3).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(img->LiveActiveCommit(0).code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(img->LiveCommit(3).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(img->LiveStream(4).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(img->LiveStream(0).code(), absl::StatusCode::kInvalidArgument);
@@ -400,14 +449,37 @@ TEST(LiveJobErrorsTest, RefusesWhatItCannotDo) {
     during.push_back(img->ChangeBackingFile("b.qcow2", "qcow2"));
     during.push_back(img->LiveStream(3));
     during.push_back(img->LiveCommit(2));
+    during.push_back(img->LiveActiveCommit(1));
   };
   EXPECT_OK(img->LiveStream(3, watch));
-  ASSERT_EQ(during.size(), 5u);
+  ASSERT_EQ(during.size(), 6u);
   for (const absl::Status& s : during) {
     EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   }
   EXPECT_EQ(img->GetChainInfo().size(), 1u);
   EXPECT_EQ(img->size(), 1u << 20);
+  ASSERT_OK(img->Close());
+}
+
+// An active commit into a base whose size is not the disk's: refused,
+// the chain as it was.
+TEST(LiveJobErrorsTest, ActiveCommitRefusesBaseOfAnotherSize) {
+  TempDir dir;
+  CreateOptions co;
+  co.size = 2 << 20;
+  ASSERT_OK(CreateImage(dir.File("b.qcow2"), co));
+  co.size = 1 << 20;
+  co.backing_file = "b.qcow2";
+  co.backing_format = "qcow2";
+  ASSERT_OK(CreateImage(dir.File("t.qcow2"), co));
+  OpenOptions oo;
+  oo.read_write = true;
+  ASSERT_OK_AND_ASSIGN(auto img, Image::Open(dir.File("t.qcow2"), oo));
+  absl::Status s = img->LiveCommit(1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  EXPECT_NE(s.message().find("size"), std::string::npos) << s;
+  EXPECT_EQ(img->GetChainInfo().size(), 2u);
+  ASSERT_OK(img->Write(0, std::vector<uint8_t>(512, 1)));
   ASSERT_OK(img->Close());
 }
 
@@ -428,7 +500,17 @@ INSTANTIATE_TEST_SUITE_P(
         Config{"stream_rate_limited", Job::kStream, 3, false, 65536, true,
                false, /*rate_limit=*/16 << 20},
         Config{"commit_rate_limited", Job::kCommit, 3, true, 65536, false,
-               false, /*rate_limit=*/16 << 20}),
+               false, /*rate_limit=*/16 << 20},
+        // Active commit: into the backing file (4 KiB clusters under a
+        // 64 KiB top: the range locks change geometry at the switch), to
+        // the bottom, into a raw bottom (a raw top after; rate-limited),
+        // and cancelled.
+        Config{"active_into_backing", Job::kActive, 1, false, 65536, true},
+        Config{"active_into_base", Job::kActive, 3, false, 4096, false},
+        Config{"active_into_raw_rate_limited", Job::kActive, 3, true, 32768,
+               true, false, /*rate_limit=*/16 << 20},
+        Config{"active_cancelled", Job::kActive, 2, false, 16384, false,
+               /*cancel=*/true}),
     [](const ::testing::TestParamInfo<Config>& info) {
       return info.param.name;
     });

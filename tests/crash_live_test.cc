@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Power-cut sweep over live stream and live commit (Image::LiveStream,
-// Image::LiveCommit): a chain base <- mid <- top on simulated disks
+// Power-cut sweep over live stream, live commit and active commit
+// (Image::LiveStream, Image::LiveCommit, Image::LiveActiveCommit): a chain base <- mid <- top on simulated disks
 // (testing/fault_file.h), opened read-write, given guest writes and a
 // flush, and then, with the job's every file operation (on any of the
 // files, the switch's header write included) counted from there, the
@@ -8,8 +8,10 @@
 // are dropped (all, a random half, all but the newest). Then every qcow2
 // file must pass `qemu-img check` (leaks allowed), and the top, opened
 // afresh through whatever chain its header names, must read the disk the
-// guest had flushed, through libqcow2 and through qemu-img.
+// guest had flushed, through libqcow2 and through qemu-img. A finished
+// active commit leaves the base reading it too (it is the top then).
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -30,7 +32,7 @@ namespace {
 using internal::FaultDisk;
 using internal::FaultFileSystem;
 
-enum class Job { kStreamMid, kStreamAll, kCommitMid };
+enum class Job { kStreamMid, kStreamAll, kCommitMid, kActiveMid, kActiveBase };
 
 struct Config {
   bool raw_base;
@@ -38,9 +40,11 @@ struct Config {
 };
 
 std::string Name(const Config& c) {
-  const char* job = c.job == Job::kStreamMid   ? "stream_mid"
-                    : c.job == Job::kStreamAll ? "stream_all"
-                                               : "commit_mid";
+  const char* job = c.job == Job::kStreamMid    ? "stream_mid"
+                    : c.job == Job::kStreamAll  ? "stream_all"
+                    : c.job == Job::kCommitMid  ? "commit_mid"
+                    : c.job == Job::kActiveMid  ? "active_mid"
+                                                : "active_base";
   return absl::StrCat(c.raw_base ? "raw" : "qcow2", "_", job);
 }
 void PrintTo(const Config& c, std::ostream* os) { *os << Name(c); }
@@ -126,8 +130,8 @@ class CrashLiveTest : public ::testing::TestWithParam<Config> {
     ASSERT_OK(img->Close());
   }
 
-  absl::StatusOr<std::vector<uint8_t>> ReadTop() {
-    auto img = Open(0, false);
+  absl::StatusOr<std::vector<uint8_t>> ReadTop(int depth = 0) {
+    auto img = Open(depth, false);
     if (!img.ok()) return img.status();
     std::vector<uint8_t> got(kSize);
     absl::Status s = (*img)->Read(0, absl::MakeSpan(got));
@@ -165,6 +169,8 @@ class CrashLiveTest : public ::testing::TestWithParam<Config> {
       case Job::kStreamMid: s = (*img)->LiveStream(2, jo); break;
       case Job::kStreamAll: s = (*img)->LiveStream(3, jo); break;
       case Job::kCommitMid: s = (*img)->LiveCommit(2, jo); break;
+      case Job::kActiveMid: s = (*img)->LiveActiveCommit(1, jo); break;
+      case Job::kActiveBase: s = (*img)->LiveActiveCommit(2, jo); break;
     }
     counting = false;
     img->reset();  // closed by a dead machine: its errors are lost
@@ -200,21 +206,45 @@ class CrashLiveTest : public ::testing::TestWithParam<Config> {
 
 TEST_P(CrashLiveTest, PowerCutAtEveryStep) {
   SKIP_WITHOUT_QEMU();
+  // Active commit: by default, the top and mid into a qcow2 base, cut at
+  // the first and last operations and a few between; with
+  // QCOW2_LONG_TESTS, at every operation, and also into mid and into a
+  // raw base (about 15 s each).
+  const Config& c = GetParam();
+  const bool long_run = getenv("QCOW2_LONG_TESTS") != nullptr;
+  const bool active = c.job == Job::kActiveMid || c.job == Job::kActiveBase;
+  if (!long_run && active && (c.job == Job::kActiveMid || c.raw_base)) {
+    GTEST_SKIP() << "set QCOW2_LONG_TESTS=1 to run " << Name(c);
+  }
+  testing::SweepOptions sweep;
+  if (!long_run && active) {
+    sweep.dense_ends = 3;
+    sweep.points = 4;
+  }
   auto [total, status] = RunJob(0);
   ASSERT_OK(status);
   ASSERT_GT(total, 3u);
   ASSERT_NO_FATAL_FAILURE(CheckSurvivor("no cut", true));
-  // Finished: the top names the shorter chain.
-  ASSERT_OK_AND_ASSIGN(auto done, Open(0, false));
-  const size_t want = GetParam().job == Job::kStreamAll ? 1 : 2;
-  EXPECT_EQ(done->GetChainInfo().size(), want);
-  done.reset();
+  const Job job = c.job;
+  if (active) {
+    // Finished: the base (the top now) reads the disk, and the old top
+    // still reads it through the chain it names.
+    const int base = job == Job::kActiveMid ? 1 : 2;
+    testing::ExpectTopReads("no cut, the base", ReadTop(base), Real(base),
+                            true, model_);
+  } else {
+    // Finished: the top names the shorter chain.
+    ASSERT_OK_AND_ASSIGN(auto done, Open(0, false));
+    const size_t want = job == Job::kStreamAll ? 1 : 2;
+    EXPECT_EQ(done->GetChainInfo().size(), want);
+  }
   const int cuts = testing::SweepPowerCuts(
       Name(GetParam()), total, disks_,
       [this](uint64_t cut) { return RunJob(cut).second; },
       [this](const std::string& where, bool with_qemu) {
         CheckSurvivor(where, with_qemu);
-      });
+      },
+      sweep);
   printf("[power-cut] %s: %d cut points over %llu file operations\n",
          Name(GetParam()).c_str(), cuts,
          static_cast<unsigned long long>(total));
@@ -227,7 +257,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Config{false, Job::kCommitMid},
                       Config{true, Job::kStreamMid},
                       Config{true, Job::kStreamAll},
-                      Config{true, Job::kCommitMid}),
+                      Config{true, Job::kCommitMid},
+                      Config{false, Job::kActiveMid},
+                      Config{false, Job::kActiveBase},
+                      Config{true, Job::kActiveBase}),
     [](const auto& info) { return Name(info.param); });
 
 }  // namespace

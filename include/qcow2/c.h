@@ -335,10 +335,20 @@ QCOW2_EXPORT int qcow2_image_live_stream(qcow2_image_t* img, int base,
                                          char** errptr);
 /* Writes what layers 1..base-1 allocate into the layer at depth `base`
  * (2 <= base < chain length), which becomes the top's backing file.
- * -ENOTSUP for base 1 (committing the active top is not supported). */
+ * base 1 is qcow2_image_live_commit_active(img, 1, ...). */
 QCOW2_EXPORT int qcow2_image_live_commit(qcow2_image_t* img, int base,
                                          const qcow2_live_options_t* opts,
                                          char** errptr);
+/* Active commit with its pivot (Image::LiveActiveCommit): writes what
+ * layers 0..base-1 (the top included) allocate into the layer at depth
+ * `base` (1 <= base < chain length) while the guest writes, copying again
+ * what the guest changes, then makes that layer the top: the guest's
+ * writes land in it from then on, and layers 0..base-1 leave the chain.
+ * The progress total grows with each pass. -ECANCELED: the chain as it
+ * was. -ENOTSUP for a base whose size is not the disk's. */
+QCOW2_EXPORT int qcow2_image_live_commit_active(
+    qcow2_image_t* img, int base, const qcow2_live_options_t* opts,
+    char** errptr);
 
 /* ---- persistent dirty bitmaps (Image::ListBitmaps ...) ---------------- */
 

@@ -265,7 +265,7 @@ class QCOW2_EXPORT Image {
   // calling thread until done, and end by switching the open chain (and
   // the top's backing name on disk) to the shorter one. `base` is a depth
   // in GetChainInfo(). One job at a time per image; while it runs,
-  // CreateOverlay, Resize and ChangeBackingFile fail with
+  // CreateOverlay, Resize, ChangeBackingFile and ApplySnapshot fail with
   // kFailedPrecondition. Cancelled (LiveJobOptions::control): kCancelled,
   // the chain as it was. Errors: kUnimplemented for a raw top;
   // kInvalidArgument for a base not in the chain or bad options;
@@ -288,10 +288,27 @@ class QCOW2_EXPORT Image {
   // depth `base` (write-locked meanwhile; 2 <= base < chain_length()),
   // reading through the chain (the top's own writes stay in the top),
   // then flushes the base, makes it the top's backing file and drops
-  // layers 1..base-1 from the chain. Committing the top itself (base 1,
-  // QEMU's mirror-based active commit) is not supported: kUnimplemented.
-  // kUnimplemented too for a base smaller than the disk.
+  // layers 1..base-1 from the chain. base 1 (the top itself) is
+  // LiveActiveCommit(1, opts). kUnimplemented for a base smaller than the
+  // disk.
   absl::Status LiveCommit(int base, const LiveJobOptions& opts = {});
+
+  // QEMU's active block-commit followed by its pivot (`virsh blockcommit
+  // --active --pivot`): copies every range that a layer at depth
+  // 0..base-1 (the top included) allocates into the layer at depth `base`
+  // (1 <= base < chain_length(); write-locked meanwhile), logging the
+  // guest's writes, write-zeroes and discards as it goes and copying again
+  // what they touched, a pass at a time, until little is left; then, with
+  // guest requests held, copies the rest, flushes the base, and makes it
+  // the top: the guest's writes land in it from then on, and layers
+  // 0..base-1 leave the chain (flushed, marked clean, unlocked; their
+  // files stay open until the Image is destroyed, and on disk they still
+  // name the chain they had). A guest flush waits for the switch.
+  // `progress`' total grows by what each pass copies again. Cancelled (or
+  // failed) before the switch: the chain as it was, the base holding only
+  // what the chain above it reads. kUnimplemented for a base whose size
+  // is not the disk's.
+  absl::Status LiveActiveCommit(int base, const LiveJobOptions& opts = {});
 
  private:
   explicit Image(std::unique_ptr<internal::Engine> engine);

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// Live stream and live commit: chain operations on an open Image while its
-// Queues (and synchronous calls on other threads) keep reading and writing
-// it, as QEMU's block-stream and (non-active) block-commit jobs do for a
-// running guest. Each blocks the thread that calls it until the job ends;
+// Live stream, live commit and active commit: chain operations on an open
+// Image while its Queues (and synchronous calls on other threads) keep
+// reading and writing it, as QEMU's block-stream and block-commit jobs
+// (the active one with its pivot) do for a running guest. Each blocks the thread that calls it until the job ends;
 // a hypervisor runs it on a worker thread and cancels it from any other
 // (LiveJobControl). When it ends the top's backing file name is rewritten
 // (one write of the header cluster) and the open chain is switched to the

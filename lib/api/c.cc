@@ -618,4 +618,10 @@ int qcow2_image_live_commit(qcow2_image_t* img, int base,
   return RunLiveJob(&qcow2::Image::LiveCommit, img, base, opts, errptr);
 }
 
+int qcow2_image_live_commit_active(qcow2_image_t* img, int base,
+                                   const qcow2_live_options_t* opts,
+                                   char** errptr) {
+  return RunLiveJob(&qcow2::Image::LiveActiveCommit, img, base, opts, errptr);
+}
+
 }  // extern "C"

@@ -45,8 +45,11 @@ absl::Status CheckOptions(const char* what, const LiveJobOptions& o) {
 // token bucket; progress goes to the caller one call at a time.
 class ChunkJob {
  public:
-  ChunkJob(const char* what, uint64_t total, const LiveJobOptions& o)
-      : what_(what), total_(total), o_(o),
+  // With `offsets`, the chunks are those (each `o.chunk` long, cut at
+  // `total`) rather than all of [0, total).
+  ChunkJob(const char* what, uint64_t total, const LiveJobOptions& o,
+           const std::vector<uint64_t>* offsets = nullptr)
+      : what_(what), total_(total), o_(o), offsets_(offsets),
         last_refill_(std::chrono::steady_clock::now()),
         tokens_(static_cast<double>(o.rate_limit)) {}
 
@@ -56,7 +59,12 @@ class ChunkJob {
     auto work = [&] {
       for (;;) {
         if (Cancelled() || failed_.load()) return;
-        const uint64_t at = next_.fetch_add(o_.chunk);
+        uint64_t at = next_.fetch_add(o_.chunk);
+        if (offsets_ != nullptr) {
+          const uint64_t i = at / o_.chunk;
+          if (i >= offsets_->size()) return;
+          at = (*offsets_)[i];
+        }
         if (at >= total_) return;
         const uint64_t len = std::min(o_.chunk, total_ - at);
         uint64_t copied = 0;
@@ -70,7 +78,9 @@ class ChunkJob {
       }
     };
     std::vector<std::thread> threads;
-    const uint64_t chunks = (total_ + o_.chunk - 1) / o_.chunk;
+    const uint64_t chunks = offsets_ != nullptr
+                                ? offsets_->size()
+                                : (total_ + o_.chunk - 1) / o_.chunk;
     const int n = static_cast<int>(
         std::min<uint64_t>(static_cast<uint64_t>(o_.depth), chunks));
     for (int i = 1; i < n; ++i) threads.emplace_back(work);
@@ -127,6 +137,7 @@ class ChunkJob {
   const char* const what_;
   const uint64_t total_;
   const LiveJobOptions& o_;
+  const std::vector<uint64_t>* const offsets_;
   std::atomic<uint64_t> next_{0};
   std::atomic<bool> failed_{false};
   std::mutex mu_;
@@ -179,13 +190,7 @@ absl::Status Image::LiveStream(int base, const LiveJobOptions& opts) {
 absl::Status Image::LiveCommit(int base, const LiveJobOptions& opts) {
   constexpr const char* kWhat = "live commit";
   RETURN_IF_ERROR(CheckOptions(kWhat, opts));
-  if (base == 1) {
-    return absl::UnimplementedError(
-        "live commit: committing the active layer (the top) into its "
-        "backing file is not supported (QEMU's mirror-based active "
-        "commit); commit the layers under the top (base 2 or deeper), or "
-        "take an overlay first");
-  }
+  if (base == 1) return LiveActiveCommit(1, opts);
   RETURN_IF_ERROR(engine_->BeginLiveJob(kWhat, base));
   absl::Cleanup end = [this] { engine_->EndLiveJob(); };
   const std::vector<LayerInfo> chain = engine_->GetChainInfo();
@@ -221,6 +226,102 @@ absl::Status Image::LiveCommit(int base, const LiveJobOptions& opts) {
     return s;
   }
   return engine_->SwitchBacking(base, /*reopen_last=*/true);
+}
+
+namespace {
+
+// Active commit: after the first pass over the disk, passes over what the
+// guest changed meanwhile until what is left is at most the switch's
+// share (a sixteenth of the disk, the chunks in flight at least, 16 MiB at
+// most), or kMaxPasses passes ran: a guest that writes faster than the
+// job copies gets the rest copied during the switch, its requests held.
+constexpr uint64_t kMaxSwitchBytes = 16 << 20;
+constexpr int kMaxPasses = 8;
+
+uint64_t SwitchBytes(uint64_t size, const LiveJobOptions& o) {
+  return std::min<uint64_t>(
+      kMaxSwitchBytes,
+      std::max<uint64_t>(o.chunk * static_cast<uint64_t>(o.depth), size / 16));
+}
+
+}  // namespace
+
+absl::Status Image::LiveActiveCommit(int base, const LiveJobOptions& opts) {
+  constexpr const char* kWhat = "active commit";
+  RETURN_IF_ERROR(CheckOptions(kWhat, opts));
+  RETURN_IF_ERROR(engine_->BeginLiveJob(kWhat, base));
+  absl::Cleanup end = [this] {
+    engine_->SetDirtyLog(0);
+    engine_->EndLiveJob();
+  };
+  const std::vector<LayerInfo> chain = engine_->GetChainInfo();
+  if (base >= static_cast<int>(chain.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        chain[0].filename, ": active commit needs a base below the top "
+        "(depth 1 to ", chain.size() - 1, "), not depth ", base));
+  }
+  const uint64_t size = chain[0].virtual_size;
+  if (chain[base].virtual_size != size) {
+    return absl::UnimplementedError(absl::StrCat(
+        chain[0].filename, ": active commit into ", chain[base].filename,
+        " (", chain[base].virtual_size, " bytes), whose size is not the "
+        "disk's (", size, " bytes), is not supported"));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Engine> writer,
+                   engine_->OpenLayerWriter(base));
+  // Guest changes are logged from before the first chunk is copied: a
+  // chunk copied and then changed is copied again.
+  engine_->SetDirtyLog(opts.chunk);
+  // Progress over all passes: `total` grows by what each pass re-copies.
+  std::mutex progress_mu;
+  uint64_t done_before = 0, total_before = 0;
+  LiveJobOptions po = opts;
+  if (opts.progress) {
+    po.progress = [&](uint64_t done, uint64_t total) {
+      std::lock_guard<std::mutex> lock(progress_mu);
+      opts.progress(done_before + done, total_before + total);
+    };
+  }
+  auto copy = [&](uint64_t at, uint64_t len, uint64_t* copied) {
+    return engine_->CopyActive(at, len, base, writer.get(), /*held=*/false,
+                               copied);
+  };
+  absl::Status s = ChunkJob(kWhat, size, po).Run(copy);
+  done_before = total_before = size;
+  for (int pass = 0; s.ok() && pass < kMaxPasses; ++pass) {
+    const std::vector<uint64_t> dirty = engine_->DirtyGranules();
+    if (dirty.size() * opts.chunk <= SwitchBytes(size, opts)) break;
+    const uint64_t bytes = dirty.size() * opts.chunk;
+    s = ChunkJob(kWhat, size, po, &dirty).Run(copy);
+    done_before += bytes;
+    total_before += bytes;
+  }
+  if (s.ok() && opts.control != nullptr && opts.control->cancelled()) {
+    s = absl::CancelledError(absl::StrCat(kWhat, " cancelled"));
+  }
+  if (s.ok()) {
+    // The rest, with the whole disk held; the base durable (and marked
+    // clean) before it is reopened as the top.
+    s = engine_->PivotActive(base, [&]() -> absl::Status {
+      for (uint64_t at : engine_->DirtyGranules()) {
+        uint64_t copied = 0;
+        RETURN_IF_ERROR(engine_->CopyActive(
+            at, std::min(opts.chunk, size - at), base, writer.get(),
+            /*held=*/true, &copied));
+      }
+      return writer->Close();
+    });
+    if (s.ok()) {
+      if (opts.progress) opts.progress(total_before, total_before);
+      return absl::OkStatus();
+    }
+  }
+  // The chain as it was: the base only gained what the chain above it
+  // reads, and lets go of its write lock.
+  absl::Status closed = writer->Close();
+  engine_->EndLayerWriter(base);
+  if (s.ok()) s = closed;
+  return s;
 }
 
 }  // namespace qcow2

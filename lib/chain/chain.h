@@ -100,8 +100,10 @@ class Chain {
   // `offset` (data or zeros; a range past a layer's end counts, as it
   // reads as zeros): sets *allocated and returns how far from `offset`
   // (at most max_len) that answer holds.
+  // `from` 0 asks the top too (an active commit's).
   absl::StatusOr<uint64_t> AllocatedAbove(int below, uint64_t offset,
-                                          uint64_t max_len, bool* allocated);
+                                          uint64_t max_len, bool* allocated,
+                                          int from = 1);
   // Layer `depth` (below the top) is about to be written by a writer of
   // its own (a live commit's, over a descriptor that takes no locks): its
   // descriptor here takes QEMU's write lock, as a read-write open would
@@ -124,6 +126,12 @@ class Chain {
   // destroyed: I/O planned against them may still be in flight (a flush's
   // fill, a block-status read), and it reads what it would read now.
   void DropLayers(int last, std::unique_ptr<Layer> replacement);
+  // An active commit's switch: layer `base`, opened afresh read-write
+  // (its file's locks moved from the chain's descriptor to the new one),
+  // becomes the top; the layers above it are flushed, marked clean and
+  // retired as DropLayers retires them. On failure the chain is as it
+  // was, `base` still write-locked for the commit's writer.
+  absl::Status PivotTo(int base);
 
  private:
   Chain() = default;

@@ -15,9 +15,9 @@ namespace qcow2::internal {
 
 absl::StatusOr<uint64_t> Chain::AllocatedAbove(int below, uint64_t offset,
                                                uint64_t max_len,
-                                               bool* allocated) {
+                                               bool* allocated, int from) {
   uint64_t n = max_len;
-  for (int d = 1; d < below && d < length(); ++d) {
+  for (int d = from; d < below && d < length(); ++d) {
     Layer* layer = layers_[d].get();
     if (offset >= layer->size()) {
       // Past a layer's end the chain reads zeros, whatever lies below.
@@ -129,6 +129,65 @@ void Chain::DropLayers(int last, std::unique_ptr<Layer> replacement) {
   }
   backing_map_.Clear();
   ConnectBacking();
+}
+
+absl::Status Chain::PivotTo(int base) {
+  RETURN_IF_ERROR(CheckWritable());
+  Layer* old_base = layers_[base].get();
+  const int old_fd = LockFd(old_base->file());
+  const bool locking = opts_.lock && old_fd >= 0;
+  // Two descriptors of one process conflict under OFD locks: the old one
+  // lets go before the new one takes QEMU's write lock (a peer that opens
+  // the file in between makes the open fail, and the commit with it).
+  if (locking) DropImageLocks(old_fd, LockPerms{kPermAll, 0}, LockPerms{});
+  auto relock = [&] {
+    if (locking) {
+      LockImageFile(old_fd, old_base->filename(), ImageLockPerms(true, false))
+          .IgnoreError();
+    }
+  };
+  const std::string path = resolved_backing_[base - 1];
+  FileOpener* opener = opts_.opener ? opts_.opener : DefaultFileOpener();
+  FileOptions fo;
+  fo.read_only = false;
+  fo.direct = opts_.direct_io;
+  fo.lock = opts_.lock && old_fd >= 0;
+  absl::StatusOr<std::unique_ptr<Layer>> fresh = [&]()
+      -> absl::StatusOr<std::unique_ptr<Layer>> {
+    ASSIGN_OR_RETURN(std::unique_ptr<File> file, opener->Open(path, fo));
+    OpenOptions oo = opts_;
+    oo.read_write = true;
+    oo.format = FormatOf(base);
+    return OpenLayer(std::move(file), oo.format, oo);
+  }();
+  if (!fresh.ok()) {
+    relock();
+    return absl::Status(fresh.status().code(),
+                        absl::StrCat("reopening ", path, " read-write: ",
+                                     fresh.status().message()));
+  }
+  // The old top stops taking writes: flushed and marked clean, as a new
+  // overlay leaves it. If that fails it stays the top.
+  if (absl::Status s = layers_[0]->Close(); !s.ok()) {
+    fresh->reset();
+    relock();
+    return s;
+  }
+  if (Qcow2Layer* q = top_qcow2()) q->writer().set_backing(nullptr, nullptr);
+  for (int d = 0; d <= base; ++d) {
+    if (const int fd = LockFd(layers_[d]->file()); fd >= 0 && opts_.lock) {
+      DropImageLocks(fd, LockPerms{kPermAll, 0}, LockPerms{});
+    }
+    retired_.push_back(std::move(layers_[d]));
+  }
+  layers_.erase(layers_.begin(), layers_.begin() + base + 1);
+  layers_.insert(layers_.begin(), std::move(fresh).value());
+  // resolved_backing_[i] names layer i + 1.
+  resolved_backing_.erase(resolved_backing_.begin(),
+                          resolved_backing_.begin() + base);
+  backing_map_.Clear();
+  ConnectBacking();
+  return absl::OkStatus();
 }
 
 }  // namespace qcow2::internal

@@ -14,17 +14,11 @@
 
 namespace qcow2::internal {
 
-namespace {
-
-// The range-lock geometry for a chain's top: its clusters, counted in
-// units of PendingClusters::kFineLockBits (a raw top has no clusters: 64 KiB).
 void SetLockGeometry(Chain* chain, RangeLockTable* locks) {
   const Qcow2Layer* top = chain->top_qcow2();
   const uint32_t cbits = top != nullptr ? top->header().cluster_bits : 16;
-  locks->SetGeometry(cbits, std::min(cbits, PendingClusters::kFineLockBits));
+  locks->Regeometry(cbits, std::min(cbits, PendingClusters::kFineLockBits));
 }
-
-}  // namespace
 
 Engine::Engine(std::unique_ptr<Chain> chain)
     : chain_(std::move(chain)), writable_(chain_->writable()) {
@@ -250,6 +244,13 @@ void Engine::FinishLocked(Request* r) {
     r->status = RunCommits(r);
   } else {
     for (auto& abort : r->plan.aborts) abort();
+  }
+  // After the data and its metadata are in place: an active commit's
+  // copy that reads the range from now on sees this change.
+  if (r->changes()) MarkDirtyLocked(r->offset, r->len);
+  if (r->is_flush() && r->flush.counted) {
+    r->flush.counted = false;
+    if (--flushes_in_flight_ == 0) flushes_done_.SignalAll();
   }
   if (r->is_flush() && r->status.ok() && r->flush.file != nullptr) {
     if (Qcow2Layer* top = chain_->top_qcow2()) {

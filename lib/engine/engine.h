@@ -37,6 +37,11 @@ namespace qcow2::internal {
 
 class Qcow2Layer;
 
+// The range-lock geometry for a chain's top: its clusters, counted in
+// units of PendingClusters::kFineLockBits (a raw top has no clusters: 64
+// KiB). Requests already in the table are ranged again by it.
+void SetLockGeometry(Chain* chain, RangeLockTable* locks);
+
 // Holds an engine's metadata lock, and marks the thread as holding it for
 // the host-call accounting (UnderLockScope).
 class ABSL_SCOPED_LOCKABLE EngineLock {
@@ -177,6 +182,12 @@ class Engine {
   // the top, which no request changes), planned under the lock and read
   // with none held.
   absl::Status ReadBelowTop(uint64_t offset, absl::Span<uint8_t> buf)
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    return ReadFrom(1, offset, buf);
+  }
+  // Guest bytes read through the chain from layer `depth` down, with no
+  // range lock: the caller keeps them from changing.
+  absl::Status ReadFrom(int depth, uint64_t offset, absl::Span<uint8_t> buf)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Live stream's copy-on-read of [offset, +len): holds the range
   // cluster-wide in the range-lock table (after every earlier request
@@ -209,6 +220,32 @@ class Engine {
   absl::Status SwitchBacking(int last, bool reopen_last)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // --- Active commit (engine_live.cc): the top and the layers under it
+  // down to `base` committed into `base`, which then becomes the top.
+  // Starts (granule > 0) or stops (0) the log of guest changes: every
+  // write, write-zeroes and discard that finishes marks the granules it
+  // touched.
+  void SetDirtyLog(uint64_t granule) ABSL_LOCKS_EXCLUDED(mu_);
+  // The offsets of the granules marked dirty, in order.
+  std::vector<uint64_t> DirtyGranules() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Copies what layers 0..base-1 allocate in [offset, +len) (granules of
+  // the dirty log, whole) into `writer`, read through the chain: under a
+  // hold of the range (none when `held`: the caller holds the disk),
+  // after clearing its dirty marks, so that a guest change that lands
+  // after the read marks it again.
+  absl::Status CopyActive(uint64_t offset, uint64_t len, int base,
+                          Engine* writer, bool held, uint64_t* copied)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The switch: with guest flushes drained and parked and the whole disk
+  // held, runs `last_copy` (what is still dirty, then the writer closed),
+  // then makes the layer at `base`, reopened read-write, the top; the
+  // layers above it leave the chain (flushed, marked clean, unlocked, kept
+  // open until the chain is destroyed). On any failure the chain is as it
+  // was.
+  absl::Status PivotActive(int base,
+                           absl::FunctionRef<absl::Status()> last_copy)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // Queues register here so that GetStats() can add up their counters.
   StatsRegistry& stats() { return stats_; }
 
@@ -234,6 +271,9 @@ class Engine {
   std::unique_ptr<Request> Hold(uint64_t offset, uint64_t len)
       ABSL_LOCKS_EXCLUDED(mu_);
   void ReleaseHold(Request* hold) ABSL_LOCKS_EXCLUDED(mu_);
+  void MarkDirtyLocked(uint64_t offset, uint64_t len)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndPivotLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void PlanLocked(Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs `plan` for r with metadata misses deferred (MissDeferral) and,
@@ -297,6 +337,16 @@ class Engine {
   FlushGroup flushes_ ABSL_GUARDED_BY(mu_);
   // A live stream or commit runs (BeginLiveJob).
   bool live_job_ ABSL_GUARDED_BY(mu_) = false;
+  // Active commit: the dirty log (granule 0: off), one bit per granule.
+  uint64_t dirty_granule_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<uint64_t> dirty_bits_ ABSL_GUARDED_BY(mu_);
+  // Guest flushes between their first plan and Finish; while pivoting_,
+  // new ones park in pivot_waiters_ (their plans name the top's files and
+  // write-back, which the switch replaces).
+  int flushes_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  bool pivoting_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<Request*> pivot_waiters_ ABSL_GUARDED_BY(mu_);
+  CondVar flushes_done_;
   // Requests begun (Begin) and not finished (Finish): I/O
   // of ours that may still reach the files. Close drops the image locks
   // only when it is zero.

@@ -147,6 +147,16 @@ void Engine::PlanLocked(Request* r) {
         r->status = chain_->ClosedError();
         break;
       }
+      if (!r->flush.counted) {
+        if (pivoting_) {
+          // An active commit is switching the top: planned after it.
+          pivot_waiters_.push_back(r);
+          r->parked = true;
+          break;
+        }
+        r->flush.counted = true;
+        ++flushes_in_flight_;
+      }
       if (!writable_) break;
       if (top != nullptr) {
         // Clusters with deferred copy-on-write get their contents and L2

@@ -55,6 +55,8 @@ absl::StatusOr<SnapshotEntry> Engine::CreateSnapshot(const NewSnapshot& sn) {
 absl::Status Engine::ApplySnapshot(const std::string& key) {
   CountedCall counted(&stats_);
   EngineLock lock(&mu_);
+  // The disk's contents change wholesale, under a job's copies.
+  RETURN_IF_ERROR(RefuseDuringLiveJob("applying a snapshot"));
   ASSIGN_OR_RETURN(Qcow2Layer * top,
                    SnapshotTarget(absl::StrCat("snapshot '", key, "'")));
   return internal::ApplySnapshot(top, key);

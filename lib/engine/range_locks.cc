@@ -2,6 +2,7 @@
 #include "lib/engine/range_locks.h"
 
 #include <algorithm>
+#include <vector>
 
 namespace qcow2::internal {
 
@@ -22,6 +23,19 @@ void RangeLockTable::SetGeometry(uint32_t cluster_bits, uint32_t unit_bits) {
                             ? 1
                             : uint64_t{1} << (kNarrowSpanBits - unit_bits);
   narrow_span_ = std::max(two_clusters, span);
+}
+
+void RangeLockTable::Regeometry(uint32_t cluster_bits, uint32_t unit_bits) {
+  std::vector<Request*> all;
+  for (const auto& [first, r] : narrow_) all.push_back(r);
+  for (const auto& [seq, r] : wide_) all.push_back(r);
+  narrow_.clear();
+  wide_.clear();
+  SetGeometry(cluster_bits, unit_bits);
+  for (Request* r : all) {
+    SetRange(r, r->lock.fine);
+    Index(r);
+  }
 }
 
 void RangeLockTable::SetRange(Request* r, bool fine) const {

@@ -25,6 +25,11 @@ class RangeLockTable {
   // units of 2^unit_bits (unit_bits <= cluster_bits). Set when the top is
   // opened or replaced, with no request in the table.
   void SetGeometry(uint32_t cluster_bits, uint32_t unit_bits);
+  // SetGeometry for a top that replaced another (an active commit's
+  // switch): every request in the table is ranged again by its own bytes
+  // or, if not `fine`, its whole clusters in the new geometry. A fine
+  // write checks again whether it may stay fine when it is planned.
+  void Regeometry(uint32_t cluster_bits, uint32_t unit_bits);
   uint32_t cluster_bits() const { return cluster_bits_; }
   uint32_t unit_bits() const { return unit_bits_; }
   // Sets r->lock to r's own bytes (`fine`) or its whole clusters.

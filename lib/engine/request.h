@@ -92,6 +92,9 @@ struct FlushState {
   bool record = false;
   uint64_t arrival = 0;
   uint64_t generation = 0;
+  // Counted in Engine::flushes_in_flight_ (from its first plan to Finish),
+  // which an active commit's switch waits to see drop to zero.
+  bool counted = false;
   IoOp op;
   // Host clusters the flush released: Engine::Finish discards them with
   // no lock held, then makes them reusable.

@@ -485,6 +485,14 @@ extern "C" {
         opts: *const qcow2_live_options_t,
         errptr: *mut *mut c_char,
     ) -> c_int;
+    /// Active commit: writes layers 0..base-1 into the layer at `base`
+    /// while queues keep running, then makes it the top; blocks until done.
+    pub fn qcow2_image_live_commit_active(
+        img: *mut qcow2_image_t,
+        base: c_int,
+        opts: *const qcow2_live_options_t,
+        errptr: *mut *mut c_char,
+    ) -> c_int;
 
     // ---- persistent dirty bitmaps
     /// The number of bitmaps of the top image, or a negative errno.

@@ -10,7 +10,8 @@
 //! - [`Queue`]: vectored requests with `u64` user data, completions
 //!   through an eventfd ([`AsRawFd`](std::os::unix::io::AsRawFd)) for
 //!   epoll, mio or tokio's `AsyncFd`;
-//! - live stream and commit ([`Image::live_stream`], [`LiveControl`]);
+//! - live stream, commit and active commit ([`Image::live_stream`],
+//!   [`Image::live_commit_active`], [`LiveControl`]);
 //! - persistent dirty bitmaps ([`Image::bitmaps`]), internal snapshots
 //!   ([`Image::snapshots`]), and the offline maintenance calls:
 //!   [`check_image`], [`CreateOptions::measure`], [`commit`], [`rebase`],

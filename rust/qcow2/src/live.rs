@@ -169,9 +169,21 @@ impl Image {
 
     /// Live commit: writes what layers 1..base-1 allocate into the layer at
     /// depth `base` (2 <= base < chain length), which becomes the top's
-    /// backing file. `ENOTSUP` for base 1 (the active top).
+    /// backing file. Base 1 is [`live_commit_active`](Self::live_commit_active)`(1, ..)`.
     pub fn live_commit(&self, base: u32, opts: LiveOptions<'_>) -> Result<()> {
         self.live_job(base, opts, sys::qcow2_image_live_commit)
+    }
+
+    /// Active commit with its pivot (`virsh blockcommit --active --pivot`):
+    /// writes what layers 0..base-1 (the top included) allocate into the
+    /// layer at depth `base` (1 <= base < chain length) while the guest
+    /// keeps writing, copying again what the guest changes, then makes that
+    /// layer the top: writes land in it from then on, and layers 0..base-1
+    /// leave the chain. The progress total grows with each pass.
+    /// `ECANCELED`: the chain as it was. `ENOTSUP` for a base whose size is
+    /// not the disk's.
+    pub fn live_commit_active(&self, base: u32, opts: LiveOptions<'_>) -> Result<()> {
+        self.live_job(base, opts, sys::qcow2_image_live_commit_active)
     }
 
     fn live_job(

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-//! Live stream and commit through the safe API: progress, cancel, guest
-//! writes from another thread meanwhile, and QEMU's view afterwards.
+//! Live stream, commit and active commit through the safe API: progress,
+//! cancel, guest writes from another thread meanwhile, and QEMU's view
+//! afterwards.
 mod support;
 
 use qcow2::{errno, LiveControl, LiveOptions, OpenOptions};
@@ -76,4 +77,61 @@ fn stream_with_guest_writes_and_commit() {
     let info = qemu_img(&["info", top.to_str().unwrap()]);
     assert!(!info.contains("backing file"), "{}", info);
     assert!(qemu_read_all(&top, &dir.path("after.raw")) == model);
+}
+
+#[test]
+fn active_commit_with_guest_writes_pivots_to_the_base() {
+    let dir = TempDir::new("live-active");
+    make_chain(&dir);
+    let top = dir.path("top.qcow2");
+    let base = dir.path("base.qcow2");
+    let mut model = qemu_read_all(&top, &dir.path("before.raw"));
+    let image = OpenOptions::new().read_write(true).open(&top).unwrap();
+
+    let last = AtomicU64::new(0);
+    let total = AtomicU64::new(0);
+    let mut progress = |done: u64, all: u64| {
+        assert!(done <= all);
+        last.store(done, Ordering::Relaxed);
+        total.store(all, Ordering::Relaxed);
+    };
+    std::thread::scope(|s| {
+        let job = s.spawn(|| {
+            let opts = LiveOptions::new().chunk(128 << 10).depth(2).progress(&mut progress);
+            image.live_commit_active(2, opts)
+        });
+        // The guest keeps writing from this thread meanwhile.
+        for i in 0..16u64 {
+            image.write_at(&[0xa0 + i as u8; 4096], i * 500_000 + 7 * 512).unwrap();
+        }
+        job.join().unwrap().unwrap();
+    });
+    for i in 0..16u64 {
+        let at = (i * 500_000 + 7 * 512) as usize;
+        model[at..at + 4096].fill(0xa0 + i as u8);
+    }
+    // The base is the top now, with no backing file; writes land in it.
+    assert_eq!(image.chain_length(), 1);
+    assert!(total.load(Ordering::Relaxed) >= image.size());
+    assert_eq!(last.load(Ordering::Relaxed), total.load(Ordering::Relaxed));
+    image.write_at(&[0x5a; 8192], 6 << 20).unwrap();
+    model[6 << 20..(6 << 20) + 8192].fill(0x5a);
+    image.close().unwrap();
+
+    qemu_img(&["check", base.to_str().unwrap()]);
+    qemu_img(&["check", top.to_str().unwrap()]);
+    std::fs::write(dir.path("want.raw"), &model).unwrap();
+    qemu_img(&["compare", "-f", "qcow2", "-F", "raw", base.to_str().unwrap(),
+               dir.path("want.raw").to_str().unwrap()]);
+}
+
+#[test]
+fn active_commit_refuses_a_base_outside_the_chain() {
+    let dir = TempDir::new("live-active-bad");
+    make_chain(&dir);
+    let image = OpenOptions::new().read_write(true).open(dir.path("top.qcow2")).unwrap();
+    let e = image.live_commit_active(3, LiveOptions::new()).unwrap_err();
+    assert_eq!(e.errno(), errno::EINVAL, "{}", e);
+    assert_eq!(image.chain_length(), 3);
+    image.close().unwrap();
 }
