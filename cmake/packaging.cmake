@@ -158,9 +158,9 @@ This package contains the shared library.")
 set(CPACK_DEBIAN_QCOW2_DEVELOPMENT_PACKAGE_NAME libqcow2-dev)
 set(CPACK_DEBIAN_QCOW2_DEVELOPMENT_PACKAGE_SECTION libdevel)
 # The headers include Abseil's; qcow2.pc's Requires.private and the static
-# library's link line name liburing, libzstd and zlib.
+# library's link line name liburing, libzstd, nettle and zlib.
 set(CPACK_DEBIAN_QCOW2_DEVELOPMENT_PACKAGE_DEPENDS
-  "libqcow2-0 (= ${QCOW2_DEB_VERSION}), libabsl-dev, liburing-dev, libzstd-dev, zlib1g-dev, pkg-config | pkgconf")
+  "libqcow2-0 (= ${QCOW2_DEB_VERSION}), libabsl-dev, liburing-dev, libzstd-dev, nettle-dev, zlib1g-dev, pkg-config | pkgconf")
 set(CPACK_DEBIAN_QCOW2_DEVELOPMENT_DESCRIPTION
   "qcow2 disk image library (development files)
 libqcow2 reads and writes qcow2 disk images and their backing chains from

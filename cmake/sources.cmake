@@ -52,8 +52,14 @@ set(QCOW2_LIB_SOURCES
   ${PROJECT_SOURCE_DIR}/lib/engine/range_locks.cc
   ${PROJECT_SOURCE_DIR}/lib/engine/runner.cc
   ${PROJECT_SOURCE_DIR}/lib/engine/stats_registry.cc
+  ${PROJECT_SOURCE_DIR}/lib/crypto/algorithms.cc
+  ${PROJECT_SOURCE_DIR}/lib/crypto/luks_header.cc
+  ${PROJECT_SOURCE_DIR}/lib/crypto/luks_keys.cc
+  ${PROJECT_SOURCE_DIR}/lib/crypto/luks_volume.cc
+  ${PROJECT_SOURCE_DIR}/lib/crypto/sector_cipher.cc
   ${PROJECT_SOURCE_DIR}/lib/format/bitmaps.cc
   ${PROJECT_SOURCE_DIR}/lib/format/compress.cc
+  ${PROJECT_SOURCE_DIR}/lib/format/crypto_ext.cc
   ${PROJECT_SOURCE_DIR}/lib/format/header.cc
   ${PROJECT_SOURCE_DIR}/lib/format/snapshot_table.cc
   ${PROJECT_SOURCE_DIR}/lib/io/accounted_file.cc

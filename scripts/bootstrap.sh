@@ -11,7 +11,7 @@ packages=(g++ cmake make pkg-config liburing-dev zlib1g-dev libzstd-dev
           libabsl-dev libgtest-dev libbenchmark-dev qemu-utils python3
           clang libclang-rt-14-dev nbdkit nbdkit-plugin-dev libnbd-bin fio
           dpkg-dev fakeroot file lintian man-db cargo
-          libgnutls28-dev gnutls-bin python3-libnbd
+          libgnutls28-dev gnutls-bin python3-libnbd nettle-dev
           qemu-system-x86 qemu-system-common busybox-static cpio e2fsprogs)
 if [ -n "${QCOW2_EXTRA_PACKAGES:-}" ]; then
   read -r -a extra <<<"$QCOW2_EXTRA_PACKAGES"

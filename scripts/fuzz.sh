@@ -37,7 +37,7 @@ targets=()
 keep_going=0
 do_build=1
 skip_unavailable=0
-all_targets=(fuzz_open_read fuzz_decompress fuzz_ops fuzz_nbd fuzz_vhost)
+all_targets=(fuzz_open_read fuzz_decompress fuzz_ops fuzz_nbd fuzz_vhost fuzz_luks)
 
 usage() { sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; }
 
@@ -130,7 +130,7 @@ done
 # --- seeds ------------------------------------------------------------------
 seeds="$build_dir/fuzz-seeds"
 rm -rf "$seeds"
-mkdir -p "$seeds"/{fuzz_open_read,fuzz_decompress,fuzz_ops,fuzz_nbd,fuzz_vhost}
+mkdir -p "$seeds"/{fuzz_open_read,fuzz_decompress,fuzz_ops,fuzz_nbd,fuzz_vhost,fuzz_luks}
 "$bin/fuzz_seed_tool" synth "$seeds/fuzz_decompress" >/dev/null
 "$bin/fuzz_seed_tool" random "$seeds/fuzz_ops" 16
 python3 fuzz/nbd_seeds.py "$seeds/fuzz_nbd"
@@ -195,6 +195,10 @@ make_image_seeds() {
           src.raw "conv-$cs-$ct.qcow2"
       done
     done
+    # A LUKS area for fuzz_luks (the header and the start of slot 0).
+    q create --object secret,id=s0,data=pass -f qcow2 \
+      -o encrypt.format=luks,encrypt.key-secret=s0,encrypt.iter-time=10,encrypt.cipher-alg=aes-128,encrypt.cipher-mode=cbc,encrypt.ivgen-alg=essiv \
+      luks.img 1M || true
     q create -f raw plain.raw 64k
     qemu-io -f raw -c 'write -P 0xee 0 4k' plain.raw >/dev/null
   ) || { echo "fuzz.sh: making qemu seed images failed (continuing with what exists)" >&2; }
@@ -207,6 +211,16 @@ make_image_seeds() {
     if [ "$(stat -c %s "$f")" -le 1048576 ]; then cp "$f" "$out/$n.qcow2"; fi
   done
   cp "$d"/plain.raw "$out/" 2>/dev/null || true
+  # fuzz_luks input: the area size (BE32), then the area's first 8 KiB.
+  if [ -f "$d/luks.img" ]; then
+    python3 - "$d/luks.img" "$seeds/fuzz_luks/qemu-aes128-cbc-essiv" <<'PY' || true
+import struct, sys
+data = open(sys.argv[1], "rb").read()
+at = data.find(b"LUKS\xba\xbe")
+payload = struct.unpack(">I", data[at + 104:at + 108])[0]
+open(sys.argv[2], "wb").write(struct.pack(">I", payload * 512) + data[at:at + 8192])
+PY
+  fi
 }
 if command -v qemu-img >/dev/null 2>&1 && command -v qemu-io >/dev/null 2>&1; then
   make_image_seeds
