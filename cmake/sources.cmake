@@ -67,6 +67,7 @@ set(QCOW2_LIB_SOURCES
   ${PROJECT_SOURCE_DIR}/lib/io/file_lock.cc
   ${PROJECT_SOURCE_DIR}/lib/io/io_plan.cc
   ${PROJECT_SOURCE_DIR}/lib/io/posix_file.cc
+  ${PROJECT_SOURCE_DIR}/lib/io/ring.cc
   ${PROJECT_SOURCE_DIR}/lib/layer/raw_layer.cc
   ${PROJECT_SOURCE_DIR}/lib/meta/cluster_map.cc
   ${PROJECT_SOURCE_DIR}/lib/meta/metadata_cache.cc

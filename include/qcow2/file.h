@@ -18,6 +18,10 @@
 
 namespace qcow2 {
 
+namespace internal {
+class RingFile;  // lib/io/ring_file.h: not part of the public API
+}  // namespace internal
+
 // A random-access file. Implementations must be safe to call from several
 // threads at once for non-overlapping ranges; the library orders
 // overlapping requests itself.
@@ -88,6 +92,13 @@ class QCOW2_EXPORT File {
   // any alignment works. Implementations that need alignment handle
   // unaligned requests themselves, more slowly.
   virtual uint32_t alignment() const { return 1; }
+
+  // Internal to the library: the files it opens itself (OpenPosixFile)
+  // return what its io_uring queues need to submit their I/O to the
+  // kernel directly, bypassing the calls above. Every other File returns
+  // null (the default), and a Queue calls it like a synchronous Image
+  // does. A wrapper that watches or changes calls must keep the default.
+  virtual internal::RingFile* ring_file() { return nullptr; }
 };
 
 struct FileOptions {

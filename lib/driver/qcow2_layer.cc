@@ -11,8 +11,8 @@
 #include "lib/base/math.h"
 #include "lib/base/status_macros.h"
 #include "lib/check/check.h"
-#include "lib/driver/snapshots.h"
 #include "lib/format/entries.h"
+#include "lib/format/snapshot_table.h"
 
 namespace qcow2::internal {
 

@@ -30,37 +30,6 @@
 
 namespace qcow2::internal {
 
-absl::StatusOr<DecodedSnapshotTable> ReadSnapshotTable(File* file,
-                                                       const Header& h,
-                                                       uint64_t file_size) {
-  if (h.nb_snapshots == 0) return DecodedSnapshotTable{};
-  auto read = [&](uint64_t pos, absl::Span<uint8_t> buf) -> absl::Status {
-    uint64_t end = 0;
-    if (AddOverflows(h.snapshots_offset, pos + buf.size(), &end) ||
-        end > file_size) {
-      return absl::DataLossError(absl::StrFormat(
-          "%s: snapshot table: entry at offset 0x%x runs past the end of "
-          "the file",
-          file->name(), h.snapshots_offset + pos));
-    }
-    return file->ReadAt(h.snapshots_offset + pos, buf);
-  };
-  return DecodeSnapshotTable(read, h.nb_snapshots, h.size, file->name());
-}
-
-SnapshotInfo ToSnapshotInfo(const SnapshotEntry& e) {
-  SnapshotInfo info;
-  info.id = e.id;
-  info.name = e.name;
-  info.vm_state_size = e.vm_state_size;
-  info.date_sec = e.date_sec;
-  info.date_nsec = e.date_nsec;
-  info.vm_clock_nsec = e.vm_clock_nsec;
-  if (e.icount != kNoIcount) info.icount = e.icount;
-  info.disk_size = e.disk_size;
-  return info;
-}
-
 namespace {
 
 // How COPIED flags are set in a pass over a tree.

@@ -27,15 +27,6 @@ namespace qcow2::internal {
 
 class Qcow2Layer;
 
-// The snapshot table of an image with header `h`, read from `file` (whose
-// size is `file_size`). kDataLoss, naming the file, for a malformed table.
-absl::StatusOr<DecodedSnapshotTable> ReadSnapshotTable(File* file,
-                                                       const Header& h,
-                                                       uint64_t file_size);
-
-// The public view of a table entry.
-SnapshotInfo ToSnapshotInfo(const SnapshotEntry& e);
-
 // What a new snapshot records besides the image's state.
 struct NewSnapshot {
   std::string name;

@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "lib/engine/queue_impl.h"
 
-#include <linux/falloc.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -18,18 +17,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "lib/io/accounted_file.h"
-#include "lib/io/posix_file.h"
+#include "lib/io/ring.h"
+#include "lib/io/ring_file.h"
 
 namespace qcow2::internal {
 
 namespace {
-
-constexpr uint8_t kOpRead = 0, kOpWrite = 1, kOpFlush = 2;
-
-// Buffered reads at least this long go to the ring's workers (Prep): from
-// here up the hand-off costs a few percent of the copy's CPU time.
-constexpr uint64_t kAsyncReadBytes = 256 << 10;
 
 uint8_t OpCode(Executor::OpType type) {
   switch (type) {
@@ -91,21 +84,11 @@ QueueImpl::QueueImpl(Engine* engine, const QueueOptions& opts)
     while (entries < static_cast<unsigned>(depth_) * 2 && entries < 4096) {
       entries *= 2;
     }
-    // Completions run when this thread next enters the kernel (it does to
-    // reap them) rather than by an interrupt of whatever it is doing: a
-    // buffered write or a device without nowait completes on a kernel
-    // worker, which would otherwise send an inter-processor interrupt per
-    // request (in a VM, an exit to the host). A sleeping thread is still
-    // woken; the flag makes liburing's peek enter the kernel when
-    // completions wait there. Kernels before 5.19 take neither flag.
-    int rc = io_uring_queue_init(
-        entries, &ring_, IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG);
-    if (rc == -EINVAL) rc = io_uring_queue_init(entries, &ring_, 0);
-    if (rc == 0) {
-      ring_ok_ = true;
+    // (lib/io/ring.cc: with cooperative task work where the kernel has it)
+    if (const int err = ring_.Init(entries); err == 0) {
       ArmEventFd();
     } else {
-      WarnNoUring(-rc);
+      WarnNoUring(err);
     }
   }
   engine_->stats().Register(this);
@@ -113,16 +96,16 @@ QueueImpl::QueueImpl(Engine* engine, const QueueOptions& opts)
 
 QueueImpl::~QueueImpl() {
   while (in_flight_ > 0) Poll(in_flight_);
-  if (ring_ok_) {
+  if (ring_.ok()) {
     // Complete the armed eventfd read before the ring goes away.
     closing_ = true;
     uint64_t one = 1;
     if (::write(event_fd_, &one, sizeof(one)) < 0) {
       // The read stays armed; exiting the ring cancels it.
     }
-    io_uring_submit(&ring_);
+    ring_.Submit();
     while (event_armed_) ReapOne(true);
-    io_uring_queue_exit(&ring_);
+    ring_.Exit();
   }
   for (Request* r : spare_) delete r;
   for (auto& [p, size] : spare_bounces_) std::free(p);
@@ -163,11 +146,11 @@ int QueueImpl::EventFd() {
   if (const int fd = notify_fd_.load(); fd >= 0) return fd;
   const int fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (fd < 0) return -errno;
-  if (ring_ok_) {
+  if (ring_.ok()) {
     // Every completion the kernel posts on the ring makes it readable,
     // whether the I/O finished before or after the embedder last polled.
     // (The ring's own wake-up, a poll on event_fd_, posts one too.)
-    if (const int rc = io_uring_register_eventfd(&ring_, fd); rc < 0) {
+    if (const int rc = ring_.RegisterEventFd(fd); rc < 0) {
       ::close(fd);
       return rc;
     }
@@ -179,9 +162,9 @@ int QueueImpl::EventFd() {
 }
 
 void QueueImpl::PushToKernel() {
-  if (!ring_ok_) return;
+  if (!ring_.ok()) return;
   SubmitBacklog();
-  io_uring_submit(&ring_);
+  ring_.Submit();
 }
 
 void QueueImpl::Notify() {
@@ -200,7 +183,7 @@ void QueueImpl::NotifyIfReady() {
     MutexLock lock(&wake_mu_);
     ready = !woken_.empty();
   }
-  if (!ready && ring_ok_) ready = io_uring_cq_ready(&ring_) > 0;
+  if (!ready && ring_.ok()) ready = ring_.HasCompletions();
   if (ready) Notify();
 }
 
@@ -208,7 +191,7 @@ int QueueImpl::Poll(int min_complete) {
   int ran = 0;
   while (true) {
     DrainWoken();
-    if (ring_ok_) {
+    if (ring_.ok()) {
       // What the ring holds already, without a system call. New requests
       // reach the kernel below: with the wait, in one io_uring_enter, or
       // before returning. (At queue depth 1, one call per request.)
@@ -233,7 +216,7 @@ int QueueImpl::Poll(int min_complete) {
       MutexLock lock(&wake_mu_);
       if (!woken_.empty()) continue;
     }
-    if (ring_ok_) {
+    if (ring_.ok()) {
       if (!event_armed_) ArmEventFd();
       ReapOne(true);  // submits what is queued, then waits: one call
     } else {
@@ -291,14 +274,14 @@ void QueueImpl::Issue(Request* r, IoOp* op, OpType type) {
   op->request = r;
   op->type = OpCode(type);
   op->fd = -1;
-  if (ring_ok_) {
-    if (auto* pf = dynamic_cast<PosixFile*>(Unwrapped(op->file))) {
+  if (ring_.ok()) {
+    if (RingFile* rf = op->file->ring_file()) {
       // A no-flush file's flush is done at once, below.
       if (type == OpType::kFlush
-              ? !pf->no_flush()
-              : AlignedFor(*op, pf->alignment()) ||
-                    StartBounce(op, pf->alignment())) {
-        op->fd = pf->fd();
+              ? !rf->ring_skips_flush()
+              : AlignedFor(*op, rf->ring_alignment()) ||
+                    StartBounce(op, rf->ring_alignment())) {
+        op->fd = rf->ring_fd();
       }
     }
   }
@@ -317,91 +300,25 @@ void QueueImpl::Issue(Request* r, IoOp* op, OpType type) {
 }
 
 void QueueImpl::Prep(IoOp* op) {
-  io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-  if (sqe == nullptr) {
-    io_uring_submit(&ring_);
-    sqe = io_uring_get_sqe(&ring_);
-  }
-  if (sqe == nullptr) {
-    backlog_.push_back(op);
-    return;
-  }
-  if (op->type == kOpFlush) {
-    io_uring_prep_fsync(sqe, op->fd, IORING_FSYNC_DATASYNC);
-  } else if (op->zero_range) {
-    io_uring_prep_fallocate(sqe, op->fd, FALLOC_FL_ZERO_RANGE, op->offset,
-                            op->bytes);
-  } else {
-    const iovec* iov = op->iov.data();
-    size_t n = op->iov.size();
-    if (op->done > 0) {
-      // Resume a short transfer: the iovecs past what is done.
-      op->rest.clear();
-      uint64_t skip = op->done;
-      for (const iovec& v : op->iov) {
-        if (skip >= v.iov_len) {
-          skip -= v.iov_len;
-          continue;
-        }
-        op->rest.push_back(
-            {static_cast<uint8_t*>(v.iov_base) + skip, v.iov_len - skip});
-        skip = 0;
-      }
-      iov = op->rest.data();
-      n = op->rest.size();
-    }
-    if (op->type == kOpRead) {
-      io_uring_prep_readv(sqe, op->fd, iov, n, op->offset + op->done);
-      // A large read from the page cache is a long copy that io_uring
-      // would do inline, in this thread's submit: the queue's thread then
-      // copies one read after another while its CPU's peers idle, and
-      // takes no completion meanwhile. On the ring's workers such reads
-      // copy in parallel (as QEMU's thread pool does). Small reads stay
-      // inline (a hand-off costs more than their copy), and so do O_DIRECT
-      // reads, which the kernel runs asynchronously without a worker.
-      if (op->file->alignment() == 1 &&
-          op->bytes - op->done >= kAsyncReadBytes) {
-        io_uring_sqe_set_flags(sqe, IOSQE_ASYNC);
-      }
-    } else {
-      io_uring_prep_writev(sqe, op->fd, iov, n, op->offset + op->done);
-    }
-  }
-  io_uring_sqe_set_data(sqe, op);
+  if (!ring_.Prep(op)) backlog_.push_back(op);
 }
 
 void QueueImpl::SubmitBacklog() {
   while (!backlog_.empty()) {
-    if (io_uring_sq_space_left(&ring_) == 0) {
-      io_uring_submit(&ring_);
-      if (io_uring_sq_space_left(&ring_) == 0) return;
-    }
-    IoOp* op = backlog_.front();
+    if (!ring_.Prep(backlog_.front())) return;  // still full
     backlog_.pop_front();
-    Prep(op);
   }
 }
 
 void QueueImpl::ArmEventFd() {
-  io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-  if (sqe == nullptr) {
-    io_uring_submit(&ring_);
-    sqe = io_uring_get_sqe(&ring_);
-  }
-  if (sqe == nullptr) return;  // tried again on the next completion
-  io_uring_prep_poll_add(sqe, event_fd_, POLLIN);
-  io_uring_sqe_set_data(sqe, &event_buf_);
-  event_armed_ = true;
+  // Tried again on the next completion when the ring is full.
+  if (ring_.PrepPoll(event_fd_, &event_buf_)) event_armed_ = true;
 }
 
 bool QueueImpl::ReapOne(bool wait) {
-  io_uring_cqe* cqe = nullptr;
-  int rc = wait ? io_uring_submit_and_wait(&ring_, 1) : 0;
-  if (rc >= 0) rc = io_uring_peek_cqe(&ring_, &cqe);
-  if (rc < 0 || cqe == nullptr) return false;
-  void* data = io_uring_cqe_get_data(cqe);
-  const int res = cqe->res;
-  io_uring_cqe_seen(&ring_, cqe);
+  void* data = nullptr;
+  int res = 0;
+  if (!ring_.Next(wait, &data, &res)) return false;
   if (data == &event_buf_) {
     event_armed_ = false;
     if (::read(event_fd_, &event_buf_, sizeof(event_buf_)) < 0) {
@@ -444,11 +361,9 @@ void QueueImpl::OnComplete(IoOp* op, int res) {
     const std::string where =
         op->type == kOpFlush ? std::string(what)
                              : absl::StrCat(what, op->offset + op->done);
-    if (const auto* pf = dynamic_cast<const PosixFile*>(Unwrapped(op->file))) {
-      Fail(r, pf->Error(-res, where));  // names a full device's size
-    } else {
-      Fail(r, ErrnoError(-res, where + " of", op->file->name()));
-    }
+    // Only a file that offers a RingFile has ops on the ring. Its error
+    // names a full device's size.
+    Fail(r, op->file->ring_file()->RingError(-res, where));
   } else if (op->type != kOpFlush) {
     op->done += static_cast<uint64_t>(res);
     if (op->done < op->bytes) {

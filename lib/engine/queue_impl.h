@@ -2,12 +2,11 @@
 // The asynchronous executor behind qcow2::Queue: one io_uring ring per
 // queue. Requests are planned by the engine and run by the runner
 // (lib/engine/runner.h); their I/O goes on the ring with no lock held.
-// Files that are not the library's own PosixFile, and I/O the ring cannot
-// take as is (unaligned O_DIRECT), run synchronously on the calling thread.
+// Files that offer no RingFile (File::ring_file(): only the library's own
+// PosixFile does), and I/O the ring cannot take as is (unaligned
+// O_DIRECT), run synchronously on the calling thread.
 #ifndef QCOW2_LIB_ENGINE_QUEUE_IMPL_H_
 #define QCOW2_LIB_ENGINE_QUEUE_IMPL_H_
-
-#include <liburing.h>
 
 #include <array>
 #include <atomic>
@@ -21,6 +20,7 @@
 #include "lib/engine/engine.h"
 #include "lib/engine/request.h"
 #include "lib/engine/runner.h"
+#include "lib/io/ring.h"
 #include "qcow2/types.h"
 
 namespace qcow2::internal {
@@ -34,7 +34,7 @@ class QueueImpl final : public Executor,
   QueueImpl(Engine* engine, const QueueOptions& opts);
   ~QueueImpl() override;
 
-  bool uses_io_uring() const { return ring_ok_; }
+  bool uses_io_uring() const { return ring_.ok(); }
   int depth() const { return depth_; }
   int in_flight() const { return in_flight_; }
 
@@ -95,8 +95,7 @@ class QueueImpl final : public Executor,
 
   Engine* const engine_;
   const int depth_;
-  io_uring ring_{};
-  bool ring_ok_ = false;
+  Ring ring_;
   // Internal: wake-ups (Wake) for the polling thread, watched by the ring.
   int event_fd_ = -1;
   // The embedder's notifier, never read by the queue: written by Notify()

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "lib/base/endian.h"
 #include "lib/base/math.h"
 #include "lib/base/status_macros.h"
@@ -157,6 +158,37 @@ int FindSnapshotByIdOrName(const std::vector<SnapshotEntry>& entries,
     if (entries[i].name == key) return static_cast<int>(i);
   }
   return -1;
+}
+
+absl::StatusOr<DecodedSnapshotTable> ReadSnapshotTable(File* file,
+                                                       const Header& h,
+                                                       uint64_t file_size) {
+  if (h.nb_snapshots == 0) return DecodedSnapshotTable{};
+  auto read = [&](uint64_t pos, absl::Span<uint8_t> buf) -> absl::Status {
+    uint64_t end = 0;
+    if (AddOverflows(h.snapshots_offset, pos + buf.size(), &end) ||
+        end > file_size) {
+      return absl::DataLossError(absl::StrFormat(
+          "%s: snapshot table: entry at offset 0x%x runs past the end of "
+          "the file",
+          file->name(), h.snapshots_offset + pos));
+    }
+    return file->ReadAt(h.snapshots_offset + pos, buf);
+  };
+  return DecodeSnapshotTable(read, h.nb_snapshots, h.size, file->name());
+}
+
+SnapshotInfo ToSnapshotInfo(const SnapshotEntry& e) {
+  SnapshotInfo info;
+  info.id = e.id;
+  info.name = e.name;
+  info.vm_state_size = e.vm_state_size;
+  info.date_sec = e.date_sec;
+  info.date_nsec = e.date_nsec;
+  info.vm_clock_nsec = e.vm_clock_nsec;
+  if (e.icount != kNoIcount) info.icount = e.icount;
+  info.disk_size = e.disk_size;
+  return info;
 }
 
 }  // namespace qcow2::internal

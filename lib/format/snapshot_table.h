@@ -21,6 +21,9 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "lib/format/header.h"
+#include "qcow2/file.h"
+#include "qcow2/types.h"
 
 namespace qcow2::internal {
 
@@ -84,6 +87,15 @@ std::string NextSnapshotId(const std::vector<SnapshotEntry>& entries);
 // whose id is `key`, else the first whose name is; -1 if none.
 int FindSnapshotByIdOrName(const std::vector<SnapshotEntry>& entries,
                            const std::string& key);
+
+// The snapshot table of an image with header `h`, read from `file` (whose
+// size is `file_size`). kDataLoss, naming the file, for a malformed table.
+absl::StatusOr<DecodedSnapshotTable> ReadSnapshotTable(File* file,
+                                                       const Header& h,
+                                                       uint64_t file_size);
+
+// The public view of a table entry.
+SnapshotInfo ToSnapshotInfo(const SnapshotEntry& e);
 
 }  // namespace qcow2::internal
 

@@ -60,11 +60,13 @@ class AccountedFile final : public ForwardingFile {
   absl::Status Discard(uint64_t offset, uint64_t len) override;
   absl::StatusOr<bool> DataRun(uint64_t offset, uint64_t max_len,
                                uint64_t* len) override;
+  // The file beneath's: the ring's I/O is counted by the ring itself.
+  RingFile* ring_file() override { return inner()->ring_file(); }
 };
 
 // The innermost file under any AccountedFile wrappers: code that needs the
-// concrete type (the io_uring executor looks for a PosixFile's fd) casts
-// this, not the wrapper. Null for null.
+// concrete type (a writable chain looks for a PosixFile's lock descriptor)
+// casts this, not the wrapper. Null for null.
 File* Unwrapped(File* f);
 
 }  // namespace qcow2::internal

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "lib/io/ring_file.h"
 #include "qcow2/file.h"
 
 namespace qcow2::internal {
@@ -52,7 +53,7 @@ absl::StatusOr<uint32_t> ProbeDirectAlignment(int fd);
 // (replaced in between: st_dev and st_ino differ).
 absl::StatusOr<int> OpenLockDescriptor(const std::string& path, int data_fd);
 
-class PosixFile : public File {
+class PosixFile : public File, public RingFile {
  public:
   // Takes ownership of `fd` (a regular file or a block device) and of
   // `lock_fd` (OpenLockDescriptor's, or -1 for a file opened without
@@ -96,6 +97,15 @@ class PosixFile : public File {
   // ErrnoError gives it; ENOSPC on a device names the device's size. For
   // the io_uring executor, whose calls fail outside this class.
   absl::Status Error(int err, const std::string& what) const;
+
+  // RingFile: the io_uring ring does this file's I/O on fd().
+  RingFile* ring_file() override { return this; }
+  int ring_fd() const override { return fd_; }
+  uint32_t ring_alignment() const override { return alignment_; }
+  bool ring_skips_flush() const override { return no_flush_; }
+  absl::Status RingError(int err, const std::string& what) const override {
+    return Error(err, what);
+  }
 
  private:
   absl::Status RawRead(uint64_t offset, uint8_t* buf, size_t len);

@@ -24,8 +24,8 @@
 #include "lib/base/status_macros.h"
 #include "lib/ops/amend.h"
 #include "lib/check/check_internal.h"
-#include "lib/driver/snapshots.h"
 #include "lib/format/entries.h"
+#include "lib/format/snapshot_table.h"
 #include "lib/meta/refcounts.h"
 
 namespace qcow2::internal {

@@ -1,0 +1,124 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "lib/io/ring.h"
+
+#include <linux/falloc.h>
+#include <poll.h>
+
+#include <cerrno>
+
+namespace qcow2::internal {
+
+namespace {
+
+// Buffered reads at least this long go to the ring's workers (Prep): from
+// here up the hand-off costs a few percent of the copy's CPU time.
+constexpr uint64_t kAsyncReadBytes = 256 << 10;
+
+}  // namespace
+
+int Ring::Init(unsigned entries) {
+  // Completions run when this thread next enters the kernel (it does to
+  // reap them) rather than by an interrupt of whatever it is doing: a
+  // buffered write or a device without nowait completes on a kernel
+  // worker, which would otherwise send an inter-processor interrupt per
+  // request (in a VM, an exit to the host). A sleeping thread is still
+  // woken; the flag makes liburing's peek enter the kernel when
+  // completions wait there. Kernels before 5.19 take neither flag.
+  int rc = io_uring_queue_init(
+      entries, &ring_, IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG);
+  if (rc == -EINVAL) rc = io_uring_queue_init(entries, &ring_, 0);
+  ok_ = rc == 0;
+  return -rc;
+}
+
+void Ring::Exit() {
+  if (!ok_) return;
+  io_uring_queue_exit(&ring_);
+  ok_ = false;
+}
+
+io_uring_sqe* Ring::GetSqe() {
+  io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+  if (sqe == nullptr) {
+    io_uring_submit(&ring_);
+    sqe = io_uring_get_sqe(&ring_);
+  }
+  return sqe;
+}
+
+bool Ring::Prep(IoOp* op) {
+  io_uring_sqe* sqe = GetSqe();
+  if (sqe == nullptr) return false;
+  if (op->type == kOpFlush) {
+    io_uring_prep_fsync(sqe, op->fd, IORING_FSYNC_DATASYNC);
+  } else if (op->zero_range) {
+    io_uring_prep_fallocate(sqe, op->fd, FALLOC_FL_ZERO_RANGE, op->offset,
+                            op->bytes);
+  } else {
+    const iovec* iov = op->iov.data();
+    size_t n = op->iov.size();
+    if (op->done > 0) {
+      // Resume a short transfer: the iovecs past what is done.
+      op->rest.clear();
+      uint64_t skip = op->done;
+      for (const iovec& v : op->iov) {
+        if (skip >= v.iov_len) {
+          skip -= v.iov_len;
+          continue;
+        }
+        op->rest.push_back(
+            {static_cast<uint8_t*>(v.iov_base) + skip, v.iov_len - skip});
+        skip = 0;
+      }
+      iov = op->rest.data();
+      n = op->rest.size();
+    }
+    if (op->type == kOpRead) {
+      io_uring_prep_readv(sqe, op->fd, iov, n, op->offset + op->done);
+      // A large read from the page cache is a long copy that io_uring
+      // would do inline, in this thread's submit: the queue's thread then
+      // copies one read after another while its CPU's peers idle, and
+      // takes no completion meanwhile. On the ring's workers such reads
+      // copy in parallel (as QEMU's thread pool does). Small reads stay
+      // inline (a hand-off costs more than their copy), and so do O_DIRECT
+      // reads, which the kernel runs asynchronously without a worker.
+      if (op->file->alignment() == 1 &&
+          op->bytes - op->done >= kAsyncReadBytes) {
+        io_uring_sqe_set_flags(sqe, IOSQE_ASYNC);
+      }
+    } else {
+      io_uring_prep_writev(sqe, op->fd, iov, n, op->offset + op->done);
+    }
+  }
+  io_uring_sqe_set_data(sqe, op);
+  return true;
+}
+
+bool Ring::PrepPoll(int fd, void* data) {
+  io_uring_sqe* sqe = GetSqe();
+  if (sqe == nullptr) return false;
+  io_uring_prep_poll_add(sqe, fd, POLLIN);
+  io_uring_sqe_set_data(sqe, data);
+  return true;
+}
+
+void Ring::Submit() { io_uring_submit(&ring_); }
+
+bool Ring::Next(bool wait, void** data, int* res) {
+  io_uring_cqe* cqe = nullptr;
+  int rc = wait ? io_uring_submit_and_wait(&ring_, 1) : 0;
+  if (rc >= 0) rc = io_uring_peek_cqe(&ring_, &cqe);
+  if (rc < 0 || cqe == nullptr) return false;
+  *data = io_uring_cqe_get_data(cqe);
+  *res = cqe->res;
+  io_uring_cqe_seen(&ring_, cqe);
+  return true;
+}
+
+bool Ring::HasCompletions() { return io_uring_cq_ready(&ring_) > 0; }
+
+int Ring::RegisterEventFd(int fd) {
+  return io_uring_register_eventfd(&ring_, fd);
+}
+
+}  // namespace qcow2::internal
