@@ -3,17 +3,22 @@
 # Builds the tests with sanitizers and runs them.
 #
 #   bash scripts/sanitize.sh asan   AddressSanitizer + UndefinedBehaviorSanitizer
-#                                   (build-asan): ctest labels unit, concurrency
+#                                   (build-asan): ctest labels unit, concurrency;
+#                                   with clang also the fuzz smoke run on
+#                                   fuzzers built in the same tree, and the
+#                                   thread-safety analysis as errors
 #   bash scripts/sanitize.sh tsan   ThreadSanitizer (build-tsan): ctest label
 #                                   concurrency (tests named concurrency_*)
 #
-# Both build RelWithDebInfo at -O1, without the benchmarks or fuzzers; tsan
-# builds only the concurrency_* test binaries. The compiler is clang++ when
+# Both build RelWithDebInfo at -O1, without the benchmarks; tsan builds only
+# the concurrency_* test binaries. The compiler is clang++ when
 # it can link sanitized programs (it compiles the tests about 3x faster than
 # g++ here), else g++; CXX=... overrides. Any sanitizer report fails the
 # test that produced it, and the script exits non-zero.
 #   QCOW2_SANITIZE_BUILD_DIR  build directory (default: build-asan / build-tsan)
 #   QCOW2_SANITIZE_JOBS       build and ctest parallelism (default: nproc)
+#   QCOW2_SANITIZE_FUZZ=0     asan: skip the fuzz smoke run (also skipped when
+#                             ctest arguments are given)
 #   extra arguments are passed to ctest (e.g. -R Overlay)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -73,12 +78,27 @@ if [ -f "$build_dir/CMakeCache.txt" ] &&
   rm -rf "$build_dir"
 fi
 
+# With clang, the ASan tree also carries the fuzzers (one compile of the
+# library with coverage hooks serves the unit tests and the fuzz smoke run)
+# and the thread-safety analysis of the library, servers and qcowtool.
+fuzz=OFF
+tsafety=OFF
+if [ "$mode" = asan ]; then
+  case "$cxx" in
+    *clang++*)
+      tsafety=ON
+      pdir=$(mktemp -d)
+      printf '%s\n' 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }' >"$pdir/f.cc"
+      "$cxx" -fsanitize=fuzzer,address,undefined "$pdir/f.cc" -o "$pdir/f" >/dev/null 2>&1 && fuzz=ON
+      rm -rf "$pdir" ;;
+  esac
+fi
 start=$SECONDS
-echo "sanitize.sh: $mode: configuring $build_dir ($cxx, -fsanitize=$sanitize)"
+echo "sanitize.sh: $mode: configuring $build_dir ($cxx, -fsanitize=$sanitize, fuzzers $fuzz, thread-safety analysis $tsafety)"
 CC="$cc" CXX="$cxx" cmake -S . -B "$build_dir" \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
-  -DQCOW2_SANITIZE="$sanitize" \
-  -DQCOW2_BUILD_TESTS=ON -DQCOW2_BUILD_BENCH=OFF -DQCOW2_BUILD_FUZZ=OFF >/dev/null
+  -DQCOW2_SANITIZE="$sanitize" -DQCOW2_THREAD_SAFETY="$tsafety" \
+  -DQCOW2_BUILD_TESTS=ON -DQCOW2_BUILD_BENCH=OFF -DQCOW2_BUILD_FUZZ="$fuzz" >/dev/null
 
 echo "sanitize.sh: $mode: building ${#tests[@]} test binaries (-j$jobs)"
 if [ "$mode" = asan ]; then
@@ -95,5 +115,13 @@ echo "sanitize.sh: $mode: built in $((SECONDS - start)) s"
 rc=0
 ctest --test-dir "$build_dir" -L "$labels" --no-tests=error --output-on-failure \
   -j"$jobs" --timeout 900 "$@" || rc=$?
-echo "sanitize.sh: $mode: done in $((SECONDS - start)) s (ctest exit $rc)"
+echo "sanitize.sh: $mode: tests done in $((SECONDS - start)) s (ctest exit $rc)"
+if [ "$fuzz" = ON ] && [ "${QCOW2_SANITIZE_FUZZ:-1}" = 1 ] && [ $# -eq 0 ]; then
+  # The fuzz smoke run (scripts/fuzz.sh --smoke) on the fuzzers just built;
+  # not when ctest arguments chose some tests.
+  frc=0
+  bash scripts/fuzz.sh --smoke --no-build --build-dir "$build_dir" || frc=$?
+  [ "$rc" -eq 0 ] && rc=$frc
+fi
+echo "sanitize.sh: $mode: done in $((SECONDS - start)) s (exit $rc)"
 exit "$rc"
