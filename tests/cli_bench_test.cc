@@ -32,7 +32,6 @@
 #include "tools/bench/bench_setup.cc"     // NOLINT(build/include)
 #include "tools/bench/bench_svg.cc"       // NOLINT(build/include)
 #include "tools/cli_util.cc"        // NOLINT(build/include)
-#include "tools/json_writer.cc"     // NOLINT(build/include)
 
 namespace qcow2::tool::bench {
 namespace {

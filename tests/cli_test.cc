@@ -21,7 +21,6 @@
 
 // The tool's helpers are not part of any library target: compile them in.
 #include "tools/cli_util.cc"     // NOLINT(build/include)
-#include "tools/json_writer.cc"  // NOLINT(build/include)
 
 namespace qcow2::tool {
 namespace {

@@ -48,92 +48,27 @@ constexpr char kUsage[] =
 
 int Usage(const std::string& message) { return UsageError(kUsage, message); }
 
-// A JSON string literal the way QEMU writes one: non-ASCII characters as
-// \uXXXX (upper case hex, surrogate pairs above the BMP).
-std::string JsonQuote(const std::string& s) {
-  std::string out = "\"";
-  for (size_t i = 0; i < s.size();) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    uint32_t cp = c;
-    size_t len = 1;
-    if (c >= 0x80) {
-      len = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 0;
-      bool ok = len > 0 && i + len <= s.size();
-      cp = ok ? (c & (0x7f >> len)) : 0;
-      for (size_t k = 1; ok && k < len; ++k) {
-        const unsigned char cc = static_cast<unsigned char>(s[i + k]);
-        ok = (cc & 0xc0) == 0x80;
-        cp = (cp << 6) | (cc & 0x3f);
-      }
-      if (!ok) {
-        cp = 0xfffd;
-        len = 1;
-      }
-    }
-    i += len;
-    switch (cp) {
-      case '"':
-        out += "\\\"";
-        continue;
-      case '\\':
-        out += "\\\\";
-        continue;
-      case '\b':
-        out += "\\b";
-        continue;
-      case '\f':
-        out += "\\f";
-        continue;
-      case '\n':
-        out += "\\n";
-        continue;
-      case '\r':
-        out += "\\r";
-        continue;
-      case '\t':
-        out += "\\t";
-        continue;
-      default:
-        break;
-    }
-    if (cp >= 0x20 && cp <= 0x7e) {
-      out += static_cast<char>(cp);
-    } else if (cp < 0x10000) {
-      out += absl::StrFormat("\\u%04X", cp);
-    } else {
-      cp -= 0x10000;
-      out += absl::StrFormat("\\u%04X\\u%04X", 0xd800 | (cp >> 10),
-                             0xdc00 | (cp & 0x3ff));
-    }
-  }
-  return out + "\"";
-}
-
-// qemu-img prints the ImageCheck members in its dictionary's hash order;
-// optional members only when non-zero.
+// qemu-img check's ImageCheck: members inserted in QAPI's order and
+// printed in its dictionary's hash order; optional members only when
+// non-zero.
 std::string JsonReport(const CheckReport& r, const std::string& filename) {
-  std::vector<std::pair<std::string, std::string>> members;
+  Json j = Json::Object();
   auto opt = [&](const char* key, uint64_t v) {
-    if (v != 0) members.emplace_back(key, absl::StrCat(v));
+    if (v != 0) j.Set(key, Json::Uint(v));
   };
+  j.Set("filename", Json::String(filename));
+  j.Set("format", Json::String("qcow2"));
+  j.Set("check-errors", Json::Uint(r.check_errors));
   opt("image-end-offset", r.image_end_offset);
-  opt("compressed-clusters", r.compressed_clusters);
-  opt("total-clusters", r.total_clusters);
   opt("corruptions", r.corruptions);
-  opt("corruptions-fixed", r.corruptions_fixed);
-  members.emplace_back("check-errors", absl::StrCat(r.check_errors));
   opt("leaks", r.leaks);
+  opt("corruptions-fixed", r.corruptions_fixed);
   opt("leaks-fixed", r.leaks_fixed);
+  opt("total-clusters", r.total_clusters);
   opt("allocated-clusters", r.allocated_clusters);
-  members.emplace_back("filename", JsonQuote(filename));
-  members.emplace_back("format", JsonQuote("qcow2"));
   opt("fragmented-clusters", r.fragmented_clusters);
-  std::string out = "{\n";
-  for (size_t i = 0; i < members.size(); ++i) {
-    absl::StrAppend(&out, "    \"", members[i].first, "\": ", members[i].second,
-                    i + 1 < members.size() ? ",\n" : "\n");
-  }
-  return out + "}\n";
+  opt("compressed-clusters", r.compressed_clusters);
+  return ToJson(j, JsonStyle::kQemuPretty) + "\n";
 }
 
 std::string HumanReport(const CheckReport& r) {

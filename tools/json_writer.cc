@@ -2,6 +2,7 @@
 #include "tools/json_writer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 namespace qcow2::tool {
@@ -56,58 +57,87 @@ void AppendEscape(std::string* out, unsigned unit) {
   out->append(buf);
 }
 
-void Newline(std::string* out, JsonStyle style, int indent) {
-  if (style != JsonStyle::kQemuPretty) return;
+void Newline(std::string* out, const JsonFormat& format, int depth) {
   out->push_back('\n');
-  out->append(static_cast<size_t>(indent) * 4, ' ');
+  out->append(static_cast<size_t>(depth) * format.indent, ' ');
 }
 
-void Write(const Json& v, JsonStyle style, int indent, std::string* out) {
-  const char* comma = style == JsonStyle::kQemuPretty ? "," : ", ";
+void AppendDouble(double d, JsonFormat::Doubles doubles, std::string* out) {
+  char buf[40];
+  if (doubles == JsonFormat::Doubles::kShort) {
+    std::snprintf(buf, sizeof buf, "%.6g", d);
+    out->append(buf);
+    return;
+  }
+  std::snprintf(buf, sizeof buf, "%.17g", d);
+  out->append(buf);
+  // "1000" would read back as an integer.
+  if (std::string_view(buf).find_first_of(".eE") == std::string_view::npos) {
+    out->append(".0");
+  }
+}
+
+void Write(const Json& v, const JsonFormat& f, int depth, std::string* out);
+
+// An array or object: `items` are its members (a key, or nullptr for an
+// array element), in print order.
+void WriteContainer(
+    const std::vector<std::pair<const std::string*, const Json*>>& items,
+    bool expand, char open, char close, const JsonFormat& f, int depth,
+    std::string* out) {
+  out->push_back(open);
+  std::string_view sep;
+  for (const auto& [key, value] : items) {
+    out->append(sep);
+    if (expand) Newline(out, f, depth + 1);
+    if (key != nullptr) {
+      out->append(JsonQuote(*key));
+      out->append(f.colon);
+    }
+    Write(*value, f, depth + 1, out);
+    sep = expand ? std::string_view(",") : f.comma;
+  }
+  if (expand && (f.qemu || !items.empty())) Newline(out, f, depth);
+  out->push_back(close);
+}
+
+void Write(const Json& v, const JsonFormat& f, int depth, std::string* out) {
+  std::vector<std::pair<const std::string*, const Json*>> items;
   switch (v.kind()) {
+    case Json::Kind::kNull:
+      out->append("null");
+      return;
     case Json::Kind::kString:
       out->append(JsonQuote(v.string_value()));
       return;
     case Json::Kind::kUint:
       out->append(std::to_string(v.uint_value()));
       return;
+    case Json::Kind::kInt:
+      out->append(std::to_string(v.int_value()));
+      return;
+    case Json::Kind::kDouble:
+      AppendDouble(v.double_value(), f.doubles, out);
+      return;
     case Json::Kind::kBool:
       out->append(v.bool_value() ? "true" : "false");
       return;
-    case Json::Kind::kArray: {
-      out->push_back('[');
-      const char* sep = "";
-      for (const Json& e : v.elements()) {
-        out->append(sep);
-        Newline(out, style, indent + 1);
-        Write(e, style, indent + 1, out);
-        sep = comma;
-      }
-      Newline(out, style, indent);
-      out->push_back(']');
+    case Json::Kind::kArray:
+      for (const Json& e : v.elements()) items.emplace_back(nullptr, &e);
+      WriteContainer(items, depth < f.expand_arrays, '[', ']', f, depth, out);
       return;
-    }
-    case Json::Kind::kObject: {
-      std::vector<const std::pair<std::string, Json>*> order;
-      if (style == JsonStyle::kQemuPretty) {
-        order = QemuMemberOrder(v);
+    case Json::Kind::kObject:
+      if (f.qemu) {
+        for (const auto* m : QemuMemberOrder(v)) {
+          items.emplace_back(&m->first, &m->second);
+        }
       } else {
-        for (const auto& m : v.members()) order.push_back(&m);
+        for (const auto& m : v.members()) {
+          items.emplace_back(&m.first, &m.second);
+        }
       }
-      out->push_back('{');
-      const char* sep = "";
-      for (const auto* m : order) {
-        out->append(sep);
-        Newline(out, style, indent + 1);
-        out->append(JsonQuote(m->first));
-        out->append(": ");
-        Write(m->second, style, indent + 1, out);
-        sep = comma;
-      }
-      Newline(out, style, indent);
-      out->push_back('}');
+      WriteContainer(items, depth < f.expand_objects, '{', '}', f, depth, out);
       return;
-    }
   }
 }
 
@@ -123,6 +153,32 @@ Json Json::Uint(uint64_t v) {
   Json j(Kind::kUint);
   j.uint_ = v;
   return j;
+}
+
+Json Json::Int(int64_t v) {
+  Json j(Kind::kInt);
+  j.int_ = v;
+  return j;
+}
+
+Json Json::Double(double v) {
+  if (!std::isfinite(v)) return Json();
+  Json j(Kind::kDouble);
+  j.double_ = v;
+  return j;
+}
+
+double Json::number() const {
+  switch (kind_) {
+    case Kind::kUint:
+      return static_cast<double>(uint_);
+    case Kind::kInt:
+      return static_cast<double>(int_);
+    case Kind::kDouble:
+      return double_;
+    default:
+      return 0;
+  }
 }
 
 Json Json::Bool(bool v) {
@@ -210,10 +266,16 @@ std::vector<const std::pair<std::string, Json>*> QemuMemberOrder(
   return order;
 }
 
-std::string ToJson(const Json& value, JsonStyle style) {
+std::string ToJson(const Json& value, const JsonFormat& format) {
   std::string out;
-  Write(value, style, 0, &out);
+  Write(value, format, 0, &out);
   return out;
+}
+
+std::string ToJson(const Json& value, JsonStyle style) {
+  return ToJson(value, style == JsonStyle::kQemuPretty
+                           ? JsonFormat::QemuPretty()
+                           : JsonFormat::Compact());
 }
 
 }  // namespace qcow2::tool

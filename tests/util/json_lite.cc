@@ -2,13 +2,13 @@
 #include "tests/util/json_lite.h"
 
 #include <cerrno>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "tools/json_writer.h"
 
 namespace qcow2::testing::json {
 
@@ -341,71 +341,27 @@ class Parser {
   size_t error_pos_ = 0;
 };
 
-void AppendQuoted(std::string_view s, std::string* out) {
-  out->push_back('"');
-  for (char c : s) {
-    switch (c) {
-      case '"': out->append("\\\""); break;
-      case '\\': out->append("\\\\"); break;
-      case '\b': out->append("\\b"); break;
-      case '\f': out->append("\\f"); break;
-      case '\n': out->append("\\n"); break;
-      case '\r': out->append("\\r"); break;
-      case '\t': out->append("\\t"); break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out->append(absl::StrFormat("\\u%04x", static_cast<unsigned char>(c)));
-        } else {
-          out->push_back(c);
-        }
-    }
-  }
-  out->push_back('"');
-}
-
-void AppendValue(const Value& v, std::string* out) {
+// The value as the project's JSON writer holds it.
+tool::Json ToWriterJson(const Value& v) {
   switch (v.type()) {
-    case Value::Type::kNull: out->append("null"); break;
-    case Value::Type::kBool: out->append(v.as_bool() ? "true" : "false"); break;
-    case Value::Type::kInt: absl::StrAppend(out, v.as_int64()); break;
-    case Value::Type::kUint: absl::StrAppend(out, v.as_uint64()); break;
-    case Value::Type::kDouble: {
-      double d = v.as_double();
-      if (!std::isfinite(d)) {
-        out->append("null");
-      } else {
-        std::string t = absl::StrFormat("%.17g", d);
-        if (t.find_first_of(".eE") == std::string::npos) t += ".0";
-        out->append(t);
-      }
-      break;
-    }
-    case Value::Type::kString: AppendQuoted(v.as_string(), out); break;
+    case Value::Type::kNull: return tool::Json::Null();
+    case Value::Type::kBool: return tool::Json::Bool(v.as_bool());
+    case Value::Type::kInt: return tool::Json::Int(v.as_int64());
+    case Value::Type::kUint: return tool::Json::Uint(v.as_uint64());
+    case Value::Type::kDouble: return tool::Json::Double(v.as_double());
+    case Value::Type::kString: return tool::Json::String(v.as_string());
     case Value::Type::kArray: {
-      out->push_back('[');
-      bool first = true;
-      for (const Value& e : v.array()) {
-        if (!first) out->push_back(',');
-        first = false;
-        AppendValue(e, out);
-      }
-      out->push_back(']');
-      break;
+      tool::Json out = tool::Json::Array();
+      for (const Value& e : v.array()) out.Append(ToWriterJson(e));
+      return out;
     }
     case Value::Type::kObject: {
-      out->push_back('{');
-      bool first = true;
-      for (const auto& [k, e] : v.object()) {
-        if (!first) out->push_back(',');
-        first = false;
-        AppendQuoted(k, out);
-        out->push_back(':');
-        AppendValue(e, out);
-      }
-      out->push_back('}');
-      break;
+      tool::Json out = tool::Json::Object();
+      for (const auto& [k, e] : v.object()) out.Set(k, ToWriterJson(e));
+      return out;
     }
   }
+  return tool::Json::Null();
 }
 
 }  // namespace
@@ -526,9 +482,7 @@ size_t Value::size() const {
 }
 
 std::string Value::ToString() const {
-  std::string out;
-  AppendValue(*this, &out);
-  return out;
+  return tool::ToJson(ToWriterJson(*this), tool::JsonFormat::Tight());
 }
 
 bool operator==(const Value& a, const Value& b) {
@@ -552,10 +506,6 @@ absl::StatusOr<Value> Parse(std::string_view text) {
   return Parser(text).ParseDocument();
 }
 
-std::string Quote(std::string_view s) {
-  std::string out;
-  AppendQuoted(s, &out);
-  return out;
-}
+std::string Quote(std::string_view s) { return tool::JsonQuote(s); }
 
 }  // namespace qcow2::testing::json

@@ -14,6 +14,9 @@
 // first), arrays, strings (all escapes, \u with surrogate pairs to UTF-8),
 // numbers (integers as int64 or, above INT64_MAX, uint64; everything else as
 // double), true/false/null. Nesting is limited to 256 levels.
+//
+// This is the tests' one JSON parser; text is written by the project's one
+// writer (tools/json_writer.h), which ToString() and Quote() call.
 #ifndef QCOW2_TESTS_UTIL_JSON_LITE_H_
 #define QCOW2_TESTS_UTIL_JSON_LITE_H_
 
@@ -74,7 +77,8 @@ class Value {
   // Elements of an array / members of an object; 0 otherwise.
   size_t size() const;
 
-  // Compact JSON text (round-trips through Parse).
+  // JSON text on one line without spaces (JsonFormat::Tight(); round-trips
+  // through Parse).
   std::string ToString() const;
 
   friend bool operator==(const Value& a, const Value& b);
@@ -95,7 +99,8 @@ class Value {
 // kInvalidArgument naming the byte offset.
 absl::StatusOr<Value> Parse(std::string_view text);
 
-// Quotes `s` as a JSON string literal.
+// Quotes `s` as a JSON string literal (tool::JsonQuote: non-ASCII as \u
+// escapes, as QEMU writes them).
 std::string Quote(std::string_view s);
 
 }  // namespace qcow2::testing::json

@@ -3,73 +3,27 @@
 
 #include <algorithm>
 #include <cinttypes>
-#include <cmath>
 #include <cstdio>
-
-#include "tools/json_writer.h"
 
 namespace qcow2::tool::bench {
 
-Value Value::Str(std::string_view s) {
-  Value v;
-  v.kind_ = Kind::kString;
-  v.str_ = std::string(s);
-  return v;
-}
+namespace {
 
-Value Value::Uint(uint64_t u) {
-  Value v;
-  v.kind_ = Kind::kUint;
-  v.uint_ = u;
-  return v;
-}
+// The results document: one member a line, one row a line, and numbers
+// to 6 significant digits.
+constexpr JsonFormat kReportFormat = {
+    .expand_objects = 1,
+    .expand_arrays = 2,
+    .indent = 2,
+    .doubles = JsonFormat::Doubles::kShort,
+};
 
-Value Value::Num(double d) {
-  Value v;
-  if (!std::isfinite(d)) return v;
-  v.kind_ = Kind::kDouble;
-  v.double_ = d;
-  return v;
-}
+// A value inside a row: on one line.
+constexpr JsonFormat kInlineFormat = {.doubles = JsonFormat::Doubles::kShort};
 
-Value Value::Bool(bool b) {
-  Value v;
-  v.kind_ = Kind::kBool;
-  v.bool_ = b;
-  return v;
-}
+}  // namespace
 
-double Value::number() const {
-  if (kind_ == Kind::kUint) return static_cast<double>(uint_);
-  if (kind_ == Kind::kDouble) return double_;
-  return 0;
-}
-
-std::string Value::ToJson() const {
-  char buf[64];
-  switch (kind_) {
-    case Kind::kNull:
-      return "null";
-    case Kind::kString:
-      return JsonQuote(str_);
-    case Kind::kUint:
-      std::snprintf(buf, sizeof buf, "%" PRIu64, uint_);
-      return buf;
-    case Kind::kDouble:
-      std::snprintf(buf, sizeof buf, "%.6g", double_);
-      return buf;
-    case Kind::kBool:
-      return bool_ ? "true" : "false";
-    case Kind::kList: {
-      std::string out = "[";
-      for (size_t i = 0; i < list_.size(); ++i) {
-        out += (i > 0 ? ", " : "") + list_[i].ToJson();
-      }
-      return out + "]";
-    }
-  }
-  return "null";
-}
+std::string Value::ToJson() const { return tool::ToJson(*this, kInlineFormat); }
 
 Record& Record::Set(std::string_view key, Value v) {
   members_.emplace_back(std::string(key), std::move(v));
@@ -83,30 +37,21 @@ const Value* Record::Find(std::string_view key) const {
   return nullptr;
 }
 
-std::string Record::ToJson() const {
-  std::string out = "{";
-  for (size_t i = 0; i < members_.size(); ++i) {
-    if (i > 0) out += ", ";
-    out += JsonQuote(members_[i].first);
-    out += ": ";
-    out += members_[i].second.ToJson();
-  }
-  return out + "}";
+Json Record::AsJson() const {
+  Json out = Json::Object();
+  for (const auto& [key, value] : members_) out.Set(key, value);
+  return out;
 }
 
 std::string ReportJson(const Report& report) {
-  std::string out = "{\n  \"workload\": " + JsonQuote(report.workload) +
-                    ",\n  \"params\": " + report.params.ToJson() +
-                    ",\n  \"rows\": [";
-  for (size_t i = 0; i < report.rows.size(); ++i) {
-    out += i == 0 ? "\n    " : ",\n    ";
-    out += report.rows[i].ToJson();
-  }
-  out += report.rows.empty() ? "]" : "\n  ]";
-  for (const auto& [key, record] : report.extra) {
-    out += ",\n  " + JsonQuote(key) + ": " + record.ToJson();
-  }
-  return out + "\n}\n";
+  Json rows = Json::Array();
+  for (const Record& row : report.rows) rows.Append(row.AsJson());
+  Json doc = Json::Object();
+  doc.Set("workload", Json::String(report.workload))
+      .Set("params", report.params.AsJson())
+      .Set("rows", std::move(rows));
+  for (const auto& [key, record] : report.extra) doc.Set(key, record.AsJson());
+  return ToJson(doc, kReportFormat) + "\n";
 }
 
 std::string FormatCell(const Value& v, int decimals) {
@@ -117,9 +62,11 @@ std::string FormatCell(const Value& v, int decimals) {
     case Value::Kind::kString:
       return v.str();
     case Value::Kind::kBool:
-    case Value::Kind::kList:
+    case Value::Kind::kArray:
+    case Value::Kind::kObject:
       return v.ToJson();
     case Value::Kind::kUint:
+    case Value::Kind::kInt:
       std::snprintf(buf, sizeof buf, "%.0f", v.number());
       return buf;
     case Value::Kind::kDouble:

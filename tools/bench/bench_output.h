@@ -4,9 +4,8 @@
 //
 //   {"workload": "overlay", "params": {...}, "rows": [{...}, ...]}
 //
-// tools/json_writer.h holds only unsigned integers, so results (which need
-// fractions and null) have this small value type of their own; strings are
-// still quoted by JsonQuote().
+// Values are the project's JSON values (tools/json_writer.h) with the
+// builders the workloads use; the document is printed by its one writer.
 #ifndef QCOW2_TOOLS_BENCH_OUTPUT_H_
 #define QCOW2_TOOLS_BENCH_OUTPUT_H_
 
@@ -18,53 +17,43 @@
 #include <vector>
 
 #include "tools/bench/bench_svg.h"
+#include "tools/json_writer.h"
 
 namespace qcow2::tool::bench {
 
 // One result value: null, a string, an unsigned integer, a number, a
 // boolean or a list of values.
-class Value {
+class Value : public Json {
  public:
-  enum class Kind { kNull, kString, kUint, kDouble, kBool, kList };
-
   Value() = default;  // null
-  static Value Str(std::string_view s);
-  static Value Uint(uint64_t v);
-  static Value Num(double v);  // null when not finite
-  static Value Bool(bool v);
+  static Value Str(std::string_view s) { return Value(Json::String(s)); }
+  static Value Uint(uint64_t v) { return Value(Json::Uint(v)); }
+  // Null when not finite.
+  static Value Num(double v) { return Value(Json::Double(v)); }
+  static Value Bool(bool v) { return Value(Json::Bool(v)); }
   template <typename T>
   static Value UintList(const std::vector<T>& v) {
-    Value out;
-    out.kind_ = Kind::kList;
-    for (const T& e : v) out.list_.push_back(Uint(static_cast<uint64_t>(e)));
-    return out;
+    Json out = Json::Array();
+    for (const T& e : v) out.Append(Json::Uint(static_cast<uint64_t>(e)));
+    return Value(std::move(out));
   }
   static Value NumList(const std::vector<double>& v) {
-    Value out;
-    out.kind_ = Kind::kList;
-    for (double e : v) out.list_.push_back(Num(e));
-    return out;
+    Json out = Json::Array();
+    for (double e : v) out.Append(Json::Double(e));
+    return Value(std::move(out));
   }
   static Value Ratio(std::optional<double> v) {  // null when absent
     return v ? Num(*v) : Value();
   }
 
-  Kind kind() const { return kind_; }
-  bool is_null() const { return kind_ == Kind::kNull; }
-  const std::string& str() const { return str_; }
-  double number() const;  // kUint and kDouble; 0 otherwise
+  const std::string& str() const { return string_value(); }
 
   // JSON text: null, "quoted", 123, 1.5 (6 significant digits), true,
   // [1, 2].
   std::string ToJson() const;
 
  private:
-  Kind kind_ = Kind::kNull;
-  std::string str_;
-  uint64_t uint_ = 0;
-  double double_ = 0;
-  bool bool_ = false;
-  std::vector<Value> list_;
+  explicit Value(Json j) : Json(std::move(j)) {}
 };
 
 // Named values in insertion order (keys are set once each).
@@ -76,7 +65,7 @@ class Record {
   const std::vector<std::pair<std::string, Value>>& members() const {
     return members_;
   }
-  std::string ToJson() const;  // one line
+  Json AsJson() const;  // an object, members in insertion order
 
  private:
   std::vector<std::pair<std::string, Value>> members_;
