@@ -25,6 +25,17 @@ set -euo pipefail
 build=$1 secs=${2:-5} queues=${3:-2} depth=${4:-32} repeats=${5:-3}
 pick_rows=${6:-randread,randwrite,read,write} pick_images=${7:-allocated,overlay}
 qcowtool=$build/qcowtool bench=$build/tests/vhost_bench
+rows=()
+for row in "randread 4096" "randwrite 4096" "read 1048576" "write 1048576"; do
+  if [[ ",$pick_rows," == *",${row% *},"* ]]; then rows+=("$row"); fi
+done
+images=()
+for kind in allocated overlay; do
+  if [[ ",$pick_images," == *",$kind,"* ]]; then images+=("$kind"); fi
+done
+if [ ${#rows[@]} = 0 ] || [ ${#images[@]} = 0 ]; then
+  echo "no such rows or images: '$pick_rows' '$pick_images'" >&2; exit 2
+fi
 work=$(mktemp -d /tmp/vhost_bench.XXXXXX)
 server_pid=
 cleanup() { [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
@@ -86,17 +97,6 @@ run() {  # server kind rw bs: appends "kind rw bs server iops cpu" to results
   echo "  $kind $rw $bs $s: $out load=$load" >&2
 }
 
-rows=()
-for row in "randread 4096" "randwrite 4096" "read 1048576" "write 1048576"; do
-  [[ ",$pick_rows," == *",${row% *},"* ]] && rows+=("$row")
-done
-images=()
-for kind in allocated overlay; do
-  [[ ",$pick_images," == *",$kind,"* ]] && images+=("$kind")
-done
-if [ ${#rows[@]} = 0 ] || [ ${#images[@]} = 0 ]; then
-  echo "no such rows or images: '$pick_rows' '$pick_images'" >&2; exit 2
-fi
 echo "$queues queues, depth $depth each, $secs s per run, $repeats runs per row" >&2
 for ((r = 0; r < repeats; r++)); do
   order="ours qsd"
