@@ -17,6 +17,7 @@
 #                            libFuzzer instead of failing
 #   environment:
 #     QCOW2_FUZZ_JOBS        build parallelism (default: 2)
+#     QCOW2_FUZZ_PARALLEL    fuzzers run at once (default: number of CPUs)
 #     QCOW2_FUZZ_ARGS        extra libFuzzer arguments for every run
 #
 # Output (inside the build tree, never committed):
@@ -294,12 +295,14 @@ mkdir -p "$corpus_root" "$art_root" "$log_root"
 declare -A execs status
 total_execs=0
 fuzz_start=$SECONDS
-for t in "${targets[@]}"; do
-  corpus="$corpus_root/$t" art="$art_root/$t" log="$log_root/$t.log"
+# One libFuzzer process per target, QCOW2_FUZZ_PARALLEL at a time (default:
+# the number of CPUs); each writes its outcome to $work/result.<target>.
+fuzz_one() {
+  local t=$1 corpus="$corpus_root/$1" art="$art_root/$1" log="$log_root/$1.log"
   mkdir -p "$corpus"
   rm -rf "$art"; mkdir -p "$art"
-  args=(-max_total_time="$seconds" -print_final_stats=1 -timeout=30
-        -rss_limit_mb=3072 -artifact_prefix="$art/")
+  local args=(-max_total_time="$seconds" -print_final_stats=1 -timeout=30
+              -rss_limit_mb=3072 -artifact_prefix="$art/")
   [ "$t" = fuzz_open_read ] && args+=(-max_len=1048576)
   [ -f "fuzz/$t.dict" ] && args+=(-dict="fuzz/$t.dict")
   [ "$mode" = smoke ] && args+=(-seed=1)
@@ -308,22 +311,35 @@ for t in "${targets[@]}"; do
   fi
   # shellcheck disable=SC2206
   args+=(${QCOW2_FUZZ_ARGS:-})
-  echo "fuzz.sh: $t: fuzzing for $seconds s"
-  rc=0
+  local rc=0
   nice -n 10 "$bin/$t" "${args[@]}" "$corpus" "$seeds/$t" >"$log" 2>&1 || rc=$?
+  local n
   n=$(grep -a "stat::number_of_executed_units:" "$log" | tail -1 | awk '{print $2}')
   if [ -z "$n" ]; then  # fork mode prints progress lines only
     n=$(grep -aoE '^#[0-9]+' "$log" | tail -1 | tr -d '#')
   fi
-  n=${n:-0}
+  local crashes
+  crashes=$(find "$art" -type f ! -name 'slow-unit-*' | wc -l)
+  echo "${n:-0} $rc $crashes" >"$work/result.$t"
+}
+parallel="${QCOW2_FUZZ_PARALLEL:-$(nproc)}"
+running=0
+for t in "${targets[@]}"; do
+  if [ "$running" -ge "$parallel" ]; then wait -n || true; running=$((running - 1)); fi
+  echo "fuzz.sh: $t: fuzzing for $seconds s"
+  fuzz_one "$t" &
+  running=$((running + 1))
+done
+wait || true
+for t in "${targets[@]}"; do
+  read -r n rc crashes <"$work/result.$t" || { n=0; rc=99; crashes=0; }
   execs[$t]=$n
   total_execs=$((total_execs + n))
-  crashes=$(find "$art" -type f ! -name 'slow-unit-*' | wc -l)
   if [ "$rc" -ne 0 ] || [ "$crashes" -gt 0 ]; then
-    status[$t]="FAILED (exit $rc, $crashes inputs in $art)"
+    status[$t]="FAILED (exit $rc, $crashes inputs in $art_root/$t)"
     failures=$((failures + 1))
-    echo "fuzz.sh: $t FAILED; from $log:" >&2
-    grep -aE "ERROR: |SUMMARY: |INVARIANT BROKEN|^    #[0-9]+ .* in (qcow2|LLVMFuzzer)" "$log" \
+    echo "fuzz.sh: $t FAILED; from $log_root/$t.log:" >&2
+    grep -aE "ERROR: |SUMMARY: |INVARIANT BROKEN|^    #[0-9]+ .* in (qcow2|LLVMFuzzer)" "$log_root/$t.log" \
       | head -30 >&2 || true
   else
     status[$t]=ok

@@ -8,7 +8,8 @@
 // write-zeroes, discard, reads, flushes, live snapshots with
 // Image::CreateOverlay, close) over simulated disks
 // (tests/util/harden_faults.h). A dry run counts the file operations; then
-// for every operation N (see kSampling) the workload runs again with
+// for every operation N (big workloads are sampled without
+// QCOW2_LONG_TESTS: see `sampled` in Sweep) the workload runs again with
 // operation N failing once, and:
 //
 //  - the step that hit the fault fails, and its message says "injected
@@ -535,14 +536,38 @@ class ErrorInjectionTest : public ::testing::TestWithParam<Config> {
     const uint64_t total = dry.ops;
     ASSERT_GT(total, 10u);
 
+    // Long runs of the same operation on the same file (a big workload's
+    // data writes or reads) are sampled without QCOW2_LONG_TESTS: every
+    // operation within kDenseEnds of either end, every one whose kind
+    // differs from a neighbour's (each flush, truncate and discard, and the
+    // writes around them), and about kSampledRuns spread evenly.
+    constexpr uint64_t kSampleAbove = 100, kDenseEnds = 20, kSampledRuns = 60;
+    const uint64_t stride = LongRun() || total <= kSampleAbove
+                                ? 1
+                                : std::max<uint64_t>(2, total / kSampledRuns);
+    auto sampled = [&](uint64_t n) {
+      if (stride == 1 || n % stride == 0 || n <= kDenseEnds ||
+          n + kDenseEnds > total) {
+        return true;
+      }
+      auto kind = [&](uint64_t i) {
+        const std::string& l = dry.log[i - 1];
+        return std::string_view(l).substr(0, l.find(' '));
+      };
+      return kind(n) != kind(n - 1) || kind(n) != kind(n + 1);
+    };
+    uint64_t sampled_ops = 0;
+    for (uint64_t n = 1; n <= total; ++n) sampled_ops += sampled(n);
+
     // Small workloads: every operation with both errnos. Bigger ones: every
     // operation once, ENOSPC and EIO alternating. The qemu-img oracle runs
     // on about kQemuRuns of them (spread evenly), plus every run whose
     // fault hit a snapshot or the close. QCOW2_LONG_TESTS: everything.
     constexpr uint64_t kFullSweepRuns = 200;
     constexpr uint64_t kQemuRuns = 16;
-    const bool both = LongRun() || 2 * total <= kFullSweepRuns;
-    const uint64_t planned = both ? 2 * total : total;
+    const bool both =
+        LongRun() || (stride == 1 && 2 * sampled_ops <= kFullSweepRuns);
+    const uint64_t planned = both ? 2 * sampled_ops : sampled_ops;
     const uint64_t qemu_every =
         LongRun() ? 1 : std::max<uint64_t>(1, planned / kQemuRuns);
     int runs = 0, qemu_runs = 0, special_qemu_runs = 0;
@@ -551,6 +576,7 @@ class ErrorInjectionTest : public ::testing::TestWithParam<Config> {
     std::vector<std::string> problems;
     std::vector<uint64_t> failing_ops;
     for (uint64_t n = 1; n <= total; ++n) {
+      if (!sampled(n)) continue;
       for (int err : {ENOSPC, EIO}) {
         if (!both && (n % 2 == 0) != (err == EIO)) continue;
         FaultPlan plan;

@@ -37,6 +37,14 @@ int SweepPowerCuts(
     const std::function<void(const std::string& where, bool with_qemu)>& check,
     const SweepOptions& opts = {});
 
+// The sweeps that cut at every file operation (snapshots, amend,
+// compressed writes): whether the cut at `cut` of `total` also tries the
+// "random half kept" and "only the newest write kept" power cuts, beside
+// "all dropped". Always with QCOW2_LONG_TESTS, and within 10 operations of
+// either end; elsewhere at every other cut, to keep the default suite
+// short.
+bool CutAllVariants(uint64_t cut, uint64_t total);
+
 // After a cut: the top, read afresh through libqcow2 (`ours`) and, with
 // `with_qemu`, through qemu-img from `real_top` (the disk exported to a
 // real file), reads `model`. Fatal failures name `where`.
