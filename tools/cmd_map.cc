@@ -11,6 +11,7 @@
 
 #include "qcow2/image.h"
 #include "tools/cli_util.h"
+#include "tools/json_writer.h"
 #include "tools/commands.h"
 #include "tools/map_walk.h"
 #include "tools/option_parser.h"
@@ -82,13 +83,15 @@ int ParseArgs(int argc, char** argv, MapArgs* args) {
 bool DumpEntry(OutputFormat output, const MapEntry& e, MapEntry* next,
                const std::vector<std::string>& names) {
   if (output == OutputFormat::kJson) {
-    std::printf("{ \"start\": %" PRIu64 ", \"length\": %" PRIu64
-                ", \"depth\": %d, \"present\": %s, \"zero\": %s, "
-                "\"data\": %s",
-                e.start, e.length, e.depth, e.present ? "true" : "false",
-                e.zero ? "true" : "false", e.data ? "true" : "false");
-    if (e.offset) std::printf(", \"offset\": %" PRIu64, *e.offset);
-    std::putchar('}');
+    Json entry = Json::Object();
+    entry.Set("start", Json::Uint(e.start))
+        .Set("length", Json::Uint(e.length))
+        .Set("depth", Json::Int(e.depth))
+        .Set("present", Json::Bool(e.present))
+        .Set("zero", Json::Bool(e.zero))
+        .Set("data", Json::Bool(e.data));
+    if (e.offset) entry.Set("offset", Json::Uint(*e.offset));
+    std::fputs(ToJson(entry, JsonFormat::MapEntry()).c_str(), stdout);
     if (next != nullptr) std::puts(",");
     return true;
   }

@@ -83,9 +83,9 @@ void Write(const Json& v, const JsonFormat& f, int depth, std::string* out);
 // array element), in print order.
 void WriteContainer(
     const std::vector<std::pair<const std::string*, const Json*>>& items,
-    bool expand, char open, char close, const JsonFormat& f, int depth,
-    std::string* out) {
-  out->push_back(open);
+    bool expand, std::string_view open, char close, const JsonFormat& f,
+    int depth, std::string* out) {
+  out->append(open);
   std::string_view sep;
   for (const auto& [key, value] : items) {
     out->append(sep);
@@ -124,7 +124,7 @@ void Write(const Json& v, const JsonFormat& f, int depth, std::string* out) {
       return;
     case Json::Kind::kArray:
       for (const Json& e : v.elements()) items.emplace_back(nullptr, &e);
-      WriteContainer(items, depth < f.expand_arrays, '[', ']', f, depth, out);
+      WriteContainer(items, depth < f.expand_arrays, "[", ']', f, depth, out);
       return;
     case Json::Kind::kObject:
       if (f.qemu) {
@@ -136,7 +136,8 @@ void Write(const Json& v, const JsonFormat& f, int depth, std::string* out) {
           items.emplace_back(&m.first, &m.second);
         }
       }
-      WriteContainer(items, depth < f.expand_objects, '{', '}', f, depth, out);
+      WriteContainer(items, depth < f.expand_objects, f.open_object, '}', f, depth,
+                     out);
       return;
   }
 }

@@ -112,6 +112,8 @@ struct JsonFormat {
   // QEMU's printer: object members in QDict order, and an empty expanded
   // container still breaks the line before its closing bracket.
   bool qemu = false;
+  // What opens an object: "{", or "{ " as in qemu-img map's entries.
+  std::string_view open_object = "{";
 
   // `qemu-img ... --output=json`.
   static constexpr JsonFormat QemuPretty() {
@@ -122,6 +124,11 @@ struct JsonFormat {
   // One line, insertion order, no spaces.
   static constexpr JsonFormat Tight() {
     return {0, 0, 0, ",", ":", Doubles::kRoundTrip, false};
+  }
+  // One line as qemu-img map --output=json prints an entry (its
+  // dump_map_entry()): "{ " but "}", insertion order.
+  static constexpr JsonFormat MapEntry() {
+    return {0, 0, 0, ", ", ": ", Doubles::kRoundTrip, false, "{ "};
   }
 };
 
