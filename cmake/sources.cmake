@@ -25,12 +25,14 @@ set(QCOW2_LIB_SOURCES
   ${PROJECT_SOURCE_DIR}/lib/check/check_scan.cc
   ${PROJECT_SOURCE_DIR}/lib/check/check_snapshots.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/bitmaps.cc
+  ${PROJECT_SOURCE_DIR}/lib/driver/cow_planner.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/extent_reader.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/flush_sequencer.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/header_writer.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/host_space.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/metadata_guard.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/pending_clusters.cc
+  ${PROJECT_SOURCE_DIR}/lib/driver/pending_index.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/qcow2_layer.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/snapshots.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/write_planner.cc

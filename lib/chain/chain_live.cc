@@ -104,7 +104,7 @@ std::string Chain::FormatOf(int depth) {
 }
 
 void Chain::DropLayers(int last, std::unique_ptr<Layer> replacement) {
-  if (Qcow2Layer* q = top_qcow2()) q->writer().set_backing(nullptr, nullptr);
+  if (Qcow2Layer* q = top_qcow2()) q->cow().set_backing(nullptr, nullptr);
   // resolved_backing_[i] names layer i + 1.
   const std::string new_backing = resolved_backing_[last];
   const std::string below = resolved_backing_[last - 1];
@@ -173,7 +173,7 @@ absl::Status Chain::PivotTo(int base) {
     relock();
     return s;
   }
-  if (Qcow2Layer* q = top_qcow2()) q->writer().set_backing(nullptr, nullptr);
+  if (Qcow2Layer* q = top_qcow2()) q->cow().set_backing(nullptr, nullptr);
   for (int d = 0; d <= base; ++d) {
     if (const int fd = LockFd(layers_[d]->file()); fd >= 0 && opts_.lock) {
       DropImageLocks(fd, LockPerms{kPermAll, 0}, LockPerms{});

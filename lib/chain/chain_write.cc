@@ -44,7 +44,7 @@ void Chain::ConnectBacking() {
   }
   Qcow2Layer* top = top_qcow2();
   if (top == nullptr || length() < 2) return;
-  top->writer().set_backing(
+  top->cow().set_backing(
       [this](uint64_t offset, uint8_t* dest, uint64_t len, IoPlan* plan) {
         return PlanRead(1, offset, dest, len, plan, IoCategory::kCow);
       },
@@ -172,7 +172,7 @@ absl::Status Chain::CreateOverlay(const std::string& path,
   if (int fd = LockFd(old_top->file()); fd >= 0) {
     DropImageLocks(fd, ImageLockPerms(true, false), ImageLockPerms(false, false));
   }
-  if (Qcow2Layer* q = top_qcow2()) q->writer().set_backing(nullptr, nullptr);
+  if (Qcow2Layer* q = top_qcow2()) q->cow().set_backing(nullptr, nullptr);
   layers_.insert(layers_.begin(), std::move(layer).value());
   backing_map_.Clear();  // resolved for the layers under the old top
   resolved_backing_.insert(resolved_backing_.begin(), top_path.string());

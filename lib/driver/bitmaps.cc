@@ -11,6 +11,7 @@
 #include "lib/base/events.h"
 #include "lib/base/math.h"
 #include "lib/base/status_macros.h"
+#include "lib/driver/pending_clusters.h"
 
 namespace qcow2::internal {
 
@@ -305,7 +306,7 @@ absl::Status DirtyBitmaps::SwitchDirectory(
   }
   // Data, tables, directory and their refcounts durable before the header
   // names them.
-  RETURN_IF_ERROR(flusher_->Flush());
+  RETURN_IF_ERROR(pending_->SettleAndFlush());
   const Header before = header;
   auto& exts = header.other_extensions;
   exts.erase(std::remove_if(exts.begin(), exts.end(),

@@ -26,7 +26,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "lib/driver/flush_sequencer.h"
 #include "lib/driver/header_writer.h"
 #include "lib/driver/qcow2_state.h"
 #include "lib/format/bitmaps.h"
@@ -43,12 +42,15 @@ absl::StatusOr<std::vector<BitmapInfo>> ListBitmaps(File* file,
                                                     const Header& h,
                                                     uint64_t file_size);
 
+class PendingClusters;
+
 class DirtyBitmaps {
  public:
-  // The parts are the layer's and outlive this.
+  // The parts are the layer's and outlive this. `pending` flushes the
+  // layer (PendingClusters::SettleAndFlush).
   DirtyBitmaps(Qcow2State* s, HeaderWriter* header_writer,
-               FlushSequencer* flusher)
-      : s_(s), header_writer_(header_writer), flusher_(flusher) {}
+               PendingClusters* pending)
+      : s_(s), header_writer_(header_writer), pending_(pending) {}
 
   // For a read-write open, after the refcounts are set up: loads the
   // bitmaps and marks the consistent ones in use on disk. kDataLoss for a
@@ -140,7 +142,7 @@ class DirtyBitmaps {
 
   Qcow2State* const s_;
   HeaderWriter* const header_writer_;
-  FlushSequencer* const flusher_;
+  PendingClusters* const pending_;
   bool maintained_ = false;
   bool loaded_ = false;  // LoadReadOnly() succeeded
   bool edited_ = false;  // bitmaps added or removed since the last store

@@ -10,7 +10,6 @@
 #include "lib/base/status_macros.h"
 #include "lib/format/compress.h"
 #include "lib/format/entries.h"
-#include "lib/driver/pending_clusters.h"
 
 namespace qcow2::internal {
 
@@ -20,10 +19,10 @@ absl::StatusOr<Extent> ExtentReader::Map(uint64_t offset, uint64_t max_len) {
   uint64_t cluster = offset >> g.cluster_bits;
   if (!pending_->empty()) {
     // Clusters waiting for their L2 entry (deferred copy-on-write).
-    if (pending_->Contains(cluster)) {
-      return pending_->MapPending(offset, max_len);
+    if (const PendingIndex::Cluster* p = pending_->Find(cluster)) {
+      return MapPending(*p, offset, max_len);
     }
-    max_len = pending_->ClipAtPending(offset, max_len);
+    max_len = pending_->ClipAtPending(offset, max_len, g.cluster_bits);
   }
   ASSIGN_OR_RETURN(L2Ref ref, s_->map->Lookup(cluster));
   if (ref.slice == nullptr) {
@@ -70,6 +69,28 @@ absl::StatusOr<Extent> ExtentReader::Map(uint64_t offset, uint64_t max_len) {
     pos += next.length;
   }
   return first;
+}
+
+absl::StatusOr<Extent> ExtentReader::MapPending(const PendingIndex::Cluster& p,
+                                                uint64_t offset,
+                                                uint64_t max_len) {
+  constexpr uint64_t kUnit = PendingIndex::kFineLockBytes;
+  const Geometry& g = s_->geometry();
+  const uint64_t in_cluster = offset & (g.cluster_size - 1);
+  const uint64_t units = g.cluster_size / kUnit;
+  uint64_t u = in_cluster / kUnit;
+  const bool covered = PendingIndex::TestBit(p.covered, u);
+  while (u < units && PendingIndex::TestBit(p.covered, u) == covered) ++u;
+  const uint64_t len = std::min(max_len, u * kUnit - in_cluster);
+  if (!covered) {
+    // What the L2 entry, still the old one, says of the rest.
+    return MapInCluster(p.ref, offset, len);
+  }
+  Extent e;
+  e.kind = Extent::kData;
+  e.length = len;
+  e.host_offset = p.host + in_cluster;
+  return e;
 }
 
 absl::StatusOr<Extent> ExtentReader::MapInCluster(const L2Ref& ref,

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The read side of a qcow2 layer: maps guest ranges to extents through the
-// L1 and L2 tables (and pending clusters), checking every entry it meets,
+// L1 and L2 tables (and the pending clusters' index), checking every entry
+// it meets,
 // and reads compressed clusters, decompressing each once.
 #ifndef QCOW2_LIB_DRIVER_EXTENT_READER_H_
 #define QCOW2_LIB_DRIVER_EXTENT_READER_H_
@@ -15,18 +16,17 @@
 #include "lib/layer/layer.h"
 #include "lib/meta/cluster_map.h"
 #include "lib/driver/metadata_guard.h"
+#include "lib/driver/pending_index.h"
 #include "lib/driver/qcow2_state.h"
 
 namespace qcow2::internal {
 
-class PendingClusters;
-
 class ExtentReader {
  public:
-  // The parts are the layer's and outlive this; `pending` may not be
-  // constructed yet.
+  // The parts are the layer's and outlive this. The reader only looks at
+  // `pending` (PendingClusters changes it).
   ExtentReader(Qcow2State* s, const MetadataGuard* guard,
-               PendingClusters* pending)
+               const PendingIndex* pending)
       : s_(s), guard_(guard), pending_(pending) {}
 
   // Layer::Map: the run of one kind starting at guest `offset`, at most
@@ -54,13 +54,17 @@ class ExtentReader {
                                   IoCategory category);
 
  private:
+  // Maps inside the pending cluster `p` that holds guest `offset`: covered
+  // units to its new host cluster, the rest as its old L2 entry says.
+  absl::StatusOr<Extent> MapPending(const PendingIndex::Cluster& p,
+                                    uint64_t offset, uint64_t max_len);
   // Reads and decompresses the cluster of `entry` into `cluster_out`.
   absl::Status ReadCompressed(uint64_t entry, uint8_t* cluster_out);
 
   // The layer's state, and the parts this one calls (not owned).
   Qcow2State* const s_;
   const MetadataGuard* const guard_;
-  PendingClusters* const pending_;
+  const PendingIndex* const pending_;
   // The most recently decompressed cluster, for small sequential reads.
   uint64_t decompressed_entry_ = 0;
   std::vector<uint8_t> decompressed_;

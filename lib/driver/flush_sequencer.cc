@@ -10,14 +10,10 @@
 #include "lib/base/math.h"
 #include "lib/base/status_macros.h"
 #include "lib/format/entries.h"
-#include "lib/driver/pending_clusters.h"
 
 namespace qcow2::internal {
 
 absl::Status FlushSequencer::Flush() {
-  if (s_->writable && !s_->closed && !s_->marked_corrupt) {
-    RETURN_IF_ERROR(pending_->SettleAllPending());
-  }
   ASSIGN_OR_RETURN(FlushTicket ticket, BeginFlush());
   if (!s_->writable || s_->closed) return absl::OkStatus();
   RETURN_IF_ERROR(s_->meta->WriteBack(ticket.write_back));

@@ -18,19 +18,17 @@
 
 namespace qcow2::internal {
 
-class PendingClusters;
-
 class FlushSequencer {
  public:
-  // The parts are the layer's and outlive this; `pending` may not be
-  // constructed yet (it is only used once the layer is open).
-  FlushSequencer(Qcow2State* s, HeaderWriter* header_writer,
-                 PendingClusters* pending)
-      : s_(s), header_writer_(header_writer), pending_(pending) {}
+  // The parts are the layer's and outlive this.
+  FlushSequencer(Qcow2State* s, HeaderWriter* header_writer)
+      : s_(s), header_writer_(header_writer) {}
 
-  // Flushes everything, blocking: the pending clusters are filled and
-  // committed first (PendingClusters::SettleAllPending). No-op for a
-  // read-only or closed layer; kDataLoss once the image was marked corrupt.
+  // Flushes the metadata, blocking (BeginFlush, the write-back, the file
+  // flush, FinishFlush). Pending clusters are not this part's: the
+  // layer's flush settles them first (PendingClusters::SettleAndFlush).
+  // No-op for a read-only or closed layer; kDataLoss once the image was
+  // marked corrupt.
   absl::Status Flush();
 
   // Flush in three steps, so that the metadata write-back and the file
@@ -93,7 +91,6 @@ class FlushSequencer {
   // The layer's state, and the parts this one calls (not owned).
   Qcow2State* const s_;
   HeaderWriter* const header_writer_;
-  PendingClusters* const pending_;
   // L1 indices of new L2 tables whose entry is set in memory but not yet
   // written (WriteL1Entries writes them at the next flush).
   std::vector<uint64_t> unwritten_l1_entries_;

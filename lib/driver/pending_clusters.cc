@@ -15,20 +15,19 @@
 #include "lib/base/io_context.h"
 #include "lib/base/math.h"
 #include "lib/base/status_macros.h"
-#include "lib/format/entries.h"
-#include "lib/driver/extent_reader.h"
+#include "lib/driver/cow_planner.h"
 #include "lib/driver/flush_sequencer.h"
 #include "lib/driver/header_writer.h"
 #include "lib/driver/host_space.h"
 #include "lib/driver/metadata_guard.h"
-#include "lib/driver/write_planner.h"
+#include "lib/format/entries.h"
 
 namespace qcow2::internal {
 
 namespace {
 
-bool TestBit(const PendingClusters::UnitBits& bits, uint64_t i) {
-  return (bits[i / 64] >> (i % 64)) & 1;
+bool TestBit(const PendingIndex::UnitBits& bits, uint64_t i) {
+  return PendingIndex::TestBit(bits, i);
 }
 
 // The bitmap bits of the subclusters that begin in a covered unit. (A
@@ -72,10 +71,10 @@ PendingClusters::FineKind PendingClusters::ClassifyFine(uint64_t cluster,
       g.extended_l2 ? std::max<uint64_t>(kFineLockBytes, g.subcluster_size)
                     : kFineLockBytes;
   const bool aligned = IsAligned(in_cluster, unit) && IsAligned(len, unit);
-  if (auto it = pending_.find(cluster); it != pending_.end()) {
+  if (const PendingCluster* p = index_->Find(cluster); p != nullptr) {
     // Being filled by a flush, with no lock held: a write into it waits
     // for the whole cluster, which the fill holds.
-    if (it->second.filling) return FineKind::kNone;
+    if (p->filling) return FineKind::kNone;
     return aligned ? FineKind::kPending : FineKind::kNone;
   }
   L2Ref ref;
@@ -113,9 +112,9 @@ PendingClusters::FineKind PendingClusters::ClassifyFine(uint64_t cluster,
   // standard entries there must be a backing chain to copy from (else the
   // write copies nothing anyway); with extended ones nothing is ever
   // copied, and the entry waits only for the writes in flight.
-  if (entry != 0 || (!g.extended_l2 && !writer_->has_backing()) || !aligned ||
+  if (entry != 0 || (!g.extended_l2 && !cow_->has_backing()) || !aligned ||
       g.cluster_bits <= kFineLockBits || len >= g.cluster_size ||
-      pending_.size() >= kMaxPending) {
+      index_->size() >= kMaxPending) {
     return FineKind::kNone;
   }
   // Only a stream defers: a write that continues a recent write or lands
@@ -162,14 +161,16 @@ absl::Status PendingClusters::PlanPendingWrite(uint64_t cluster,
                                                absl::Span<const uint8_t> data,
                                                IoPlan* plan, L2Ref* given) {
   const Geometry& g = s_->geometry();
-  auto it = pending_.find(cluster);
-  if (it == pending_.end()) {
-    L2Ref ref;
-    if (given != nullptr) {
-      ref = std::move(*given);
-    } else {
-      ASSIGN_OR_RETURN(ref, writer_->L2ForWrite(cluster));
+  PendingCluster* found = index_->Find(cluster);
+  if (found == nullptr) {
+    // WritePlanner looked the entry up (L2ForWrite) and passes it in.
+    if (given == nullptr) {
+      return absl::InternalError(absl::StrFormat(
+          "%s: deferred copy-on-write into guest cluster %d without its "
+          "L2 entry",
+          s_->file->name(), cluster));
     }
+    L2Ref ref = std::move(*given);
     if (ref.entry() != 0) {
       return absl::InternalError(absl::StrFormat(
           "%s: deferred copy-on-write into guest cluster %d, which is "
@@ -185,13 +186,12 @@ absl::Status PendingClusters::PlanPendingWrite(uint64_t cluster,
     }
     CountMetadata(&IoStats::cluster_allocations, 1);
     CountMetadata(&IoStats::cow_deferred, 1);
-    it = pending_.try_emplace(cluster).first;  // built in place, not moved
-    PendingCluster& p = it->second;
-    p.ref = std::move(ref);
-    p.host = fresh;
-    p.virgin = (fresh >> g.cluster_bits) >= end_before;
+    found = &index_->Add(cluster);
+    found->ref = std::move(ref);
+    found->host = fresh;
+    found->virgin = (fresh >> g.cluster_bits) >= end_before;
   }
-  PendingCluster& p = it->second;
+  PendingCluster& p = *found;
   const uint64_t unit = in_cluster / kFineLockBytes;
   PendingWrite& w = p.in_flight.emplace_back();
   w.in_cluster = in_cluster;
@@ -214,7 +214,8 @@ absl::Status PendingClusters::PlanPendingWrite(uint64_t cluster,
   plan->writes.push_back(std::move(op));
   // Two words of capture, so that neither closure allocates.
   const uint64_t key = WriteKey(cluster, unit);
-  plan->commits.push_back([this, key] { return FinishPendingWrite(key, true); });
+  plan->commits.push_back(
+      [this, key] { return FinishPendingWrite(key, true); });
   plan->aborts.push_back(
       [this, key] { FinishPendingWrite(key, false).IgnoreError(); });
   return absl::OkStatus();
@@ -223,14 +224,14 @@ absl::Status PendingClusters::PlanPendingWrite(uint64_t cluster,
 absl::Status PendingClusters::FinishPendingWrite(uint64_t key, bool ok) {
   const uint64_t cluster = key >> kUnitKeyBits;
   const uint64_t unit = key & ((1u << kUnitKeyBits) - 1);
-  auto it = pending_.find(cluster);
+  PendingCluster* found = index_->Find(cluster);
   // Gone: committed by a flush meanwhile (which wrote this write's bytes
   // too), or dropped when the image was marked corrupt. It cannot have
   // become pending again since: that takes an L2 entry of 0 again, so a
   // discard or write-zeroes of the whole cluster, which waits for this
   // write's bytes.
-  if (it == pending_.end()) return absl::OkStatus();
-  PendingCluster& p = it->second;
+  if (found == nullptr) return absl::OkStatus();
+  PendingCluster& p = *found;
   auto w = std::find_if(p.in_flight.begin(), p.in_flight.end(),
                         [unit](const PendingWrite& w) {
                           return w.in_cluster / kFineLockBytes == unit;
@@ -249,7 +250,7 @@ absl::Status PendingClusters::FinishPendingWrite(uint64_t key, bool ok) {
   const Geometry& g = s_->geometry();
   if (p.covered_units == 0) {
     const uint64_t host = p.host;
-    pending_.erase(it);
+    index_->Remove(cluster);
     return s_->refcounts->Update(host, g.cluster_size, -1);
   }
   // With extended L2 the units written so far become allocated
@@ -261,8 +262,7 @@ absl::Status PendingClusters::FinishPendingWrite(uint64_t key, bool ok) {
 }
 
 absl::Status PendingClusters::CommitPending(uint64_t cluster) {
-  auto it = pending_.find(cluster);
-  PendingCluster& p = it->second;
+  PendingCluster& p = *index_->Find(cluster);
   const Geometry& g = s_->geometry();
   RETURN_IF_ERROR(flusher_->OrderL2AfterAllocation());
   uint64_t bitmap = 0;
@@ -276,22 +276,14 @@ absl::Status PendingClusters::CommitPending(uint64_t cluster) {
   }
   p.ref.Set(p.host | kOflagCopied, bitmap);
   host_space_->NoteDataWritten(p.host);
-  pending_.erase(it);
+  index_->Remove(cluster);
   return absl::OkStatus();
 }
 
-std::vector<uint64_t> PendingClusters::Clusters() const {
-  std::vector<uint64_t> out;
-  out.reserve(pending_.size());
-  for (const auto& [cluster, p] : pending_) out.push_back(cluster);
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
 absl::Status PendingClusters::PlanFill(uint64_t cluster, IoPlan* plan) {
-  auto it = pending_.find(cluster);
-  if (it == pending_.end()) return absl::OkStatus();
-  PendingCluster& p = it->second;
+  PendingCluster* found = index_->Find(cluster);
+  if (found == nullptr) return absl::OkStatus();
+  PendingCluster& p = *found;
   if (p.filling) {
     return absl::InternalError(
         absl::StrFormat("%s: guest cluster %d is already being filled",
@@ -330,14 +322,14 @@ absl::Status PendingClusters::PlanFill(uint64_t cluster, IoPlan* plan) {
     u = v;
     if (p.virgin) {
       // The new cluster reads as zeros already.
-      ASSIGN_OR_RETURN(bool zero, writer_->KnownZero(0, 0, guest + start, len));
+      ASSIGN_OR_RETURN(bool zero, cow_->KnownZero(0, 0, guest + start, len));
       if (zero) {
         CountMetadata(&IoStats::cow_skipped_zero, 1);
         continue;
       }
     }
     uint8_t* buf = plan->Buffer(len);
-    RETURN_IF_ERROR(writer_->PlanReadOld(0, 0, guest + start, buf, len, plan));
+    RETURN_IF_ERROR(cow_->PlanReadOld(0, 0, guest + start, buf, len, plan));
     IoOp op;
     op.file = s_->file.get();
     op.offset = p.host + start;
@@ -350,10 +342,10 @@ absl::Status PendingClusters::PlanFill(uint64_t cluster, IoPlan* plan) {
   if (plan->writes.size() != writes_before) EmitEvent("deferred-fill");
   p.filling = true;
   plan->commits.push_back([this, cluster] {
-    auto it = pending_.find(cluster);
+    PendingCluster* found = index_->Find(cluster);
     // Gone: dropped when the image was marked corrupt.
-    if (it == pending_.end()) return absl::OkStatus();
-    PendingCluster& p = it->second;
+    if (found == nullptr) return absl::OkStatus();
+    PendingCluster& p = *found;
     p.filling = false;
     // Every unit holds its data now (with standard L2): the cluster can
     // go into the table.
@@ -366,8 +358,8 @@ absl::Status PendingClusters::PlanFill(uint64_t cluster, IoPlan* plan) {
   });
   plan->aborts.push_back([this, cluster] {
     // The cluster stays pending, as it was; the next flush fills it.
-    if (auto it = pending_.find(cluster); it != pending_.end()) {
-      it->second.filling = false;
+    if (PendingCluster* p = index_->Find(cluster); p != nullptr) {
+      p->filling = false;
     }
   });
   return absl::OkStatus();
@@ -386,7 +378,15 @@ absl::Status PendingClusters::Materialize(uint64_t cluster) {
 }
 
 absl::Status PendingClusters::SettleAllPending() {
+  if (!s_->writable || s_->closed || s_->marked_corrupt) {
+    return absl::OkStatus();
+  }
   return SettlePendingIn(0, ~uint64_t{0}, /*drop_whole=*/false);
+}
+
+absl::Status PendingClusters::SettleAndFlush() {
+  RETURN_IF_ERROR(SettleAllPending());
+  return flusher_->Flush();
 }
 
 absl::Status PendingClusters::PlanFillsFor(uint64_t offset, uint64_t len,
@@ -396,20 +396,20 @@ absl::Status PendingClusters::PlanFillsFor(uint64_t offset, uint64_t len,
 
 absl::Status PendingClusters::SettlePendingIn(uint64_t offset, uint64_t len,
                                               bool drop_whole, IoPlan* fills) {
-  if (pending_.empty() || len == 0) return absl::OkStatus();
+  if (index_->empty() || len == 0) return absl::OkStatus();
   const uint32_t bits = s_->geometry().cluster_bits;
   const uint64_t cs = s_->geometry().cluster_size;
   const uint64_t first = offset >> bits;
   const uint64_t last = (offset + len - 1) >> bits;
-  for (uint64_t cluster : PendingBetween(first, last)) {
-    auto it = pending_.find(cluster);
+  for (uint64_t cluster : index_->Between(first, last)) {
+    const PendingCluster& p = *index_->Find(cluster);
     const uint64_t start = cluster << bits;
-    if (drop_whole && it->second.in_flight.empty() && start >= offset &&
+    if (drop_whole && p.in_flight.empty() && start >= offset &&
         start + cs <= offset + len) {
       // About to be overwritten whole: nothing refers to the host
       // cluster yet, so it is simply given back.
-      const uint64_t host = it->second.host;
-      pending_.erase(it);
+      const uint64_t host = p.host;
+      index_->Remove(cluster);
       RETURN_IF_ERROR(s_->refcounts->Update(host, cs, -1));
       continue;
     }
@@ -433,62 +433,6 @@ absl::Status PendingClusters::SettlePendingIn(uint64_t offset, uint64_t len,
     }
   }
   return absl::OkStatus();
-}
-
-absl::InlinedVector<uint64_t, 4> PendingClusters::PendingBetween(
-    uint64_t first, uint64_t last) const {
-  absl::InlinedVector<uint64_t, 4> out;
-  if (pending_.empty() || last < first) return out;
-  if (last - first < pending_.size()) {
-    for (uint64_t c = first;; ++c) {
-      if (pending_.contains(c)) out.push_back(c);
-      if (c == last) break;
-    }
-    return out;
-  }
-  for (const auto& [cluster, p] : pending_) {
-    if (cluster >= first && cluster <= last) out.push_back(cluster);
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-bool PendingClusters::HasPendingIn(uint64_t offset, uint64_t len) const {
-  if (pending_.empty() || len == 0) return false;
-  const uint32_t bits = s_->geometry().cluster_bits;
-  return !PendingBetween(offset >> bits, (offset + len - 1) >> bits).empty();
-}
-
-uint64_t PendingClusters::ClipAtPending(uint64_t offset, uint64_t len) const {
-  if (pending_.empty() || len == 0) return len;
-  const uint32_t bits = s_->geometry().cluster_bits;
-  const uint64_t own = offset >> bits;
-  const uint64_t last = (offset + len - 1) >> bits;
-  if (last == own) return len;
-  const absl::InlinedVector<uint64_t, 4> after = PendingBetween(own + 1, last);
-  if (after.empty()) return len;
-  return (after.front() << bits) - offset;
-}
-
-absl::StatusOr<Extent> PendingClusters::MapPending(uint64_t offset,
-                                                   uint64_t max_len) {
-  const Geometry& g = s_->geometry();
-  PendingCluster& p = pending_.find(offset >> g.cluster_bits)->second;
-  const uint64_t in_cluster = offset & (g.cluster_size - 1);
-  const uint64_t units = g.cluster_size / kFineLockBytes;
-  uint64_t u = in_cluster / kFineLockBytes;
-  const bool covered = TestBit(p.covered, u);
-  while (u < units && TestBit(p.covered, u) == covered) ++u;
-  const uint64_t len = std::min(max_len, u * kFineLockBytes - in_cluster);
-  if (!covered) {
-    // What the L2 entry, still the old one, says of the rest.
-    return reader_->MapInCluster(p.ref, offset, len);
-  }
-  Extent e;
-  e.kind = Extent::kData;
-  e.length = len;
-  e.host_offset = p.host + in_cluster;
-  return e;
 }
 
 }  // namespace qcow2::internal

@@ -30,6 +30,8 @@
 // the entry is set, covered subclusters allocated, as soon as no write
 // is in flight: the stream's other writes into the cluster need not wait
 // for its first.
+// The index of pending clusters is a part of its own (PendingIndex), which
+// the reader consults to map them; this part makes and settles them.
 // A flush (or a cluster-wide request on the cluster, or Close) copies
 // the uncovered units from the chain below (standard L2 only) and sets
 // the entry; a flush does not wait for writes in flight into the cluster
@@ -46,47 +48,44 @@
 #include <cstdint>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "lib/io/io_plan.h"
 #include "lib/layer/layer.h"
 #include "lib/meta/cluster_map.h"
+#include "lib/driver/pending_index.h"
 #include "lib/driver/qcow2_state.h"
 
 namespace qcow2::internal {
 
-class ExtentReader;
+class CowPlanner;
 class FlushSequencer;
 class HeaderWriter;
 class HostSpace;
 class MetadataGuard;
-class WritePlanner;
 
 // Every method runs under the image's metadata lock. Clusters become
 // pending only in a writable layer (PlanPendingWrite REQUIRES one); in any
 // other, the other methods find none.
 class PendingClusters {
  public:
-  static constexpr uint32_t kFineLockBits = 12;
-  static constexpr uint64_t kFineLockBytes = uint64_t{1} << kFineLockBits;
+  static constexpr uint32_t kFineLockBits = PendingIndex::kFineLockBits;
+  static constexpr uint64_t kFineLockBytes = PendingIndex::kFineLockBytes;
   // At most this many clusters are pending at once.
   static constexpr size_t kMaxPending = 128;
-  // One bit per kFineLockBytes unit of a cluster, for clusters of up to
-  // 2 MiB (qcow2's largest): fixed, so that a write allocates none.
-  using UnitBits = std::array<uint64_t, (2u << 20) / kFineLockBytes / 64>;
+  using UnitBits = PendingIndex::UnitBits;
 
-  // The parts are the layer's and outlive this.
+  // The parts are the layer's and outlive this; `index` is changed by
+  // this part alone.
   PendingClusters(Qcow2State* s, const MetadataGuard* guard,
-                  ExtentReader* reader, WritePlanner* writer,
+                  PendingIndex* index, CowPlanner* cow,
                   FlushSequencer* flusher, HostSpace* host_space,
                   HeaderWriter* header_writer)
       : s_(s),
         guard_(guard),
-        reader_(reader),
-        writer_(writer),
+        index_(index),
+        cow_(cow),
         flusher_(flusher),
         host_space_(host_space),
         header_writer_(header_writer) {}
@@ -98,34 +97,33 @@ class PendingClusters {
   // Remembers where a write ends, for the `stream` test above.
   void NoteWriteBegun(uint64_t offset, uint64_t len);
 
-  bool empty() const { return pending_.empty(); }
-  bool Contains(uint64_t cluster) const { return pending_.contains(cluster); }
+  bool empty() const { return index_->empty(); }
+  bool Contains(uint64_t cluster) const { return index_->Contains(cluster); }
   // The pending clusters, in guest order.
-  std::vector<uint64_t> Clusters() const;
+  std::vector<uint64_t> Clusters() const { return index_->Clusters(); }
   // Whether a pending cluster lies in guest range [offset, +len).
-  bool HasPendingIn(uint64_t offset, uint64_t len) const;
-  // The length of [offset, +len) before the first pending cluster after
-  // `offset`'s own.
-  uint64_t ClipAtPending(uint64_t offset, uint64_t len) const;
-  // Maps inside the pending cluster that holds guest `offset`: covered
-  // units to its new host cluster, the rest as its old L2 entry says.
-  // REQUIRES: Contains(offset's cluster).
-  absl::StatusOr<Extent> MapPending(uint64_t offset, uint64_t max_len);
+  bool HasPendingIn(uint64_t offset, uint64_t len) const {
+    return index_->HasPendingIn(offset, len, s_->geometry().cluster_bits);
+  }
 
   // Plans a write of `data` at `in_cluster` into pending `cluster`, or
   // allocates its host cluster and makes it pending (FineWritable allowed
   // the write to defer the L2 entry). The plan's commit or abort ends the
-  // write; the last write to end commits a covered cluster. `ref`, when
-  // given, is the cluster's entry as WritePlanner::L2ForWrite just
-  // returned it (not pending then), so that it is not looked up again.
+  // write; the last write to end commits a covered cluster. `ref` is the
+  // cluster's entry as WritePlanner::L2ForWrite just returned it, given
+  // when the cluster is not pending yet (kInternal if it is missing then).
   // REQUIRES: the caller holds the write's bytes (fine lock).
   absl::Status PlanPendingWrite(uint64_t cluster, uint64_t in_cluster,
                                 absl::Span<const uint8_t> data, IoPlan* plan,
                                 L2Ref* ref = nullptr);
 
   // Fills and commits every pending cluster (a flush, Close), writes in
-  // flight into them included: see Materialize.
+  // flight into them included: see Materialize. No-op for a layer not
+  // writable, closed or marked corrupt.
   absl::Status SettleAllPending();
+  // The layer's flush: SettleAllPending, then FlushSequencer::Flush (the
+  // metadata written back in order, the file flushed).
+  absl::Status SettleAndFlush();
   // Plans the fill of a pending cluster into `plan`: reads of its
   // uncovered units from the chain below (standard L2 only), their writes
   // into its host cluster, and writes of copies of the bytes of writes in
@@ -152,16 +150,8 @@ class PendingClusters {
                                IoPlan* fills = nullptr);
 
  private:
-  // A write planned into a pending cluster. The writes in flight into one
-  // cluster hold disjoint byte ranges (kFineLockBytes units), so where a
-  // write starts names it among them.
-  struct PendingWrite {
-    uint64_t in_cluster = 0;        // where the write starts in its cluster
-    const uint8_t* data = nullptr;  // the request's buffer, valid until it
-                                    // finishes
-    uint64_t len = 0;               // bytes
-    UnitBits newly{};  // the units it covered first (uncovered on failure)
-  };
+  using PendingWrite = PendingIndex::Write;
+  using PendingCluster = PendingIndex::Cluster;
   // A write in flight as one word, (guest cluster, first unit): a cluster
   // is below 2^55 (guest offsets below 2^64, clusters of 512 bytes or
   // more), a unit below 2^9 (clusters of 2 MiB or less).
@@ -170,17 +160,6 @@ class PendingClusters {
   static uint64_t WriteKey(uint64_t cluster, uint64_t unit) {
     return cluster << kUnitKeyBits | unit;
   }
-  struct PendingCluster {
-    L2Ref ref;                            // the cluster's L2 entry, pinned
-    uint64_t host = 0;                    // the host cluster given to it
-    UnitBits covered{};                   // one bit per kFineLockBytes unit
-    uint32_t covered_units = 0;           // bits set in `covered`
-    absl::InlinedVector<PendingWrite, 1> in_flight;  // planned, not finished
-    bool virgin = false;  // the host cluster never held anything
-    // A fill planned by PlanFill is in flight: the fill, not the last
-    // write to finish, commits the cluster.
-    bool filling = false;
-  };
   // What a write may do under a byte-range lock in one cluster (see the
   // file comment): nothing, write in place, write into the pending
   // cluster, or defer the cluster's L2 entry.
@@ -195,11 +174,6 @@ class PendingClusters {
   // (with extended L2: covered at all), and frees it when nothing covers
   // it.
   absl::Status FinishPendingWrite(uint64_t key, bool ok);  // WriteKey
-  // The pending clusters in [first, last] (guest cluster numbers), in
-  // order: probed one by one when the range is short, else found by a
-  // walk of the map.
-  absl::InlinedVector<uint64_t, 4> PendingBetween(uint64_t first,
-                                                  uint64_t last) const;
   // Sets a pending cluster's L2 entry: every unit holds its data (standard
   // L2), or covered subclusters become allocated (extended L2).
   absl::Status CommitPending(uint64_t cluster);
@@ -207,12 +181,11 @@ class PendingClusters {
   // The layer's state, and the parts this one calls (not owned).
   Qcow2State* const s_;
   const MetadataGuard* const guard_;
-  ExtentReader* const reader_;
-  WritePlanner* const writer_;
+  PendingIndex* const index_;
+  CowPlanner* const cow_;
   FlushSequencer* const flusher_;
   HostSpace* const host_space_;
   HeaderWriter* const header_writer_;
-  absl::flat_hash_map<uint64_t, PendingCluster> pending_;  // by guest cluster
   // Where the last few writes begun end (guest offsets), for FineWritable.
   std::array<uint64_t, 8> recent_ends_{};
   size_t recent_next_ = 0;  // the slot of recent_ends_ written next

@@ -1,15 +1,21 @@
 // SPDX-License-Identifier: Apache-2.0
 // A qcow2 image file as one layer of a chain: opens and validates it, and
-// owns the parts that do the work, each with one job:
+// owns the parts that do the work, each with one job, each constructed
+// once with the parts it calls, which come before it (none calls a part
+// that comes after it):
 //  - Qcow2State: what they all share (file, header, tables, refcounts);
 //  - MetadataGuard: checks entries and write targets before use;
-//  - ExtentReader: the read side (Map, compressed clusters);
-//  - WritePlanner: plans writes (allocation, copy-on-write, L2 updates);
-//  - PendingClusters: byte-range-locked writes, deferred copy-on-write;
-//  - Zeroer: write-zeroes and discard;
-//  - FlushSequencer: crash-safe order of metadata writes, flushes, Grow;
-//  - HostSpace: the file's length (grown ahead, given back on Close);
 //  - HeaderWriter: header fields, dirty and corrupt bits;
+//  - HostSpace: the file's length (grown ahead, given back on Close);
+//  - FlushSequencer: crash-safe order of metadata writes, flushes, Grow;
+//  - PendingIndex: the pending clusters (deferred copy-on-write), as the
+//    reader sees them;
+//  - ExtentReader: the read side (Map, compressed clusters);
+//  - CowPlanner: what a copy-on-write reads (this layer, the chain below);
+//  - PendingClusters: byte-range-locked writes, deferred copy-on-write
+//    (makes and settles pending clusters), and the layer's flush;
+//  - WritePlanner: plans writes (allocation, copy-on-write, L2 updates);
+//  - Zeroer: write-zeroes and discard;
 //  - DirtyBitmaps: persistent dirty bitmaps (in use, marked, stored).
 #ifndef QCOW2_LIB_DRIVER_QCOW2_LAYER_H_
 #define QCOW2_LIB_DRIVER_QCOW2_LAYER_H_
@@ -24,22 +30,24 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "lib/format/header.h"
-#include "lib/io/io_plan.h"
-#include "lib/layer/layer.h"
-#include "lib/meta/cluster_map.h"
-#include "lib/meta/refcounts.h"
-#include "lib/meta/write_back_file.h"
 #include "lib/driver/bitmaps.h"
+#include "lib/driver/cow_planner.h"
 #include "lib/driver/extent_reader.h"
 #include "lib/driver/flush_sequencer.h"
 #include "lib/driver/header_writer.h"
 #include "lib/driver/host_space.h"
 #include "lib/driver/metadata_guard.h"
 #include "lib/driver/pending_clusters.h"
+#include "lib/driver/pending_index.h"
 #include "lib/driver/qcow2_state.h"
 #include "lib/driver/write_planner.h"
 #include "lib/driver/zeroer.h"
+#include "lib/format/header.h"
+#include "lib/io/io_plan.h"
+#include "lib/layer/layer.h"
+#include "lib/meta/cluster_map.h"
+#include "lib/meta/refcounts.h"
+#include "lib/meta/write_back_file.h"
 #include "qcow2/options.h"
 
 namespace qcow2::internal {
@@ -69,8 +77,8 @@ class Qcow2Layer : public Layer {
     return state_.header.backing_format.value_or("");
   }
   // Fills and commits the pending clusters, then writes back every piece
-  // of metadata and flushes the file (FlushSequencer::Flush).
-  absl::Status Flush() override { return flusher_.Flush(); }
+  // of metadata and flushes the file (PendingClusters::SettleAndFlush).
+  absl::Status Flush() override { return pending_.SettleAndFlush(); }
   // Flushes, gives back the room grown ahead, clears the dirty bit, and
   // stops accepting writes. On failure the layer stays open (and writable,
   // unless marked corrupt): the caller may retry, or keep using it.
@@ -94,6 +102,8 @@ class Qcow2Layer : public Layer {
   // --- The parts, each used under the image's metadata lock as the layer
   // is (see the file comment).
   ExtentReader& reader() { return reader_; }
+  // The chain below, for copy-on-write: CowPlanner::set_backing.
+  CowPlanner& cow() { return cow_; }
   WritePlanner& writer() { return writer_; }
   PendingClusters& pending() { return pending_; }
   Zeroer& zeroer() { return zeroer_; }
@@ -109,30 +119,34 @@ class Qcow2Layer : public Layer {
         guard_(&state_),
         header_writer_(&state_),
         host_space_(&state_),
-        flusher_(&state_, &header_writer_, &pending_),
-        bitmaps_(&state_, &header_writer_, &flusher_),
-        reader_(&state_, &guard_, &pending_),
-        pending_(&state_, &guard_, &reader_, &writer_, &flusher_, &host_space_,
-                 &header_writer_),
+        flusher_(&state_, &header_writer_),
+        reader_(&state_, &guard_, &pending_index_),
+        cow_(&state_, &reader_),
+        pending_(&state_, &guard_, &pending_index_, &cow_, &flusher_,
+                 &host_space_, &header_writer_),
         writer_(&state_, &guard_, &header_writer_, &host_space_, &flusher_,
-                &reader_, &pending_),
+                &cow_, &pending_),
         zeroer_(&state_, &guard_, &header_writer_, &host_space_, &reader_,
-                &pending_, &writer_) {}
+                &cow_, &pending_, &writer_),
+        bitmaps_(&state_, &header_writer_, &pending_) {}
 
   // Declared in construction order; each part keeps pointers to the state
-  // and to the parts it calls (some not constructed yet: they are only
-  // stored). The parts go before the state on destruction, so the L2
-  // slices pending clusters pin are let go of before the map.
-  Qcow2State state_;                   // what the parts share
-  MetadataGuard guard_;                // entry and write-target checks
-  HeaderWriter header_writer_;         // header fields, dirty and corrupt bits
-  HostSpace host_space_;               // the file's length
-  FlushSequencer flusher_;             // metadata write order, flushes, Grow
-  DirtyBitmaps bitmaps_;               // persistent dirty bitmaps
-  ExtentReader reader_;                // Map, compressed reads
-  internal::PendingClusters pending_;  // deferred copy-on-write
-  WritePlanner writer_;                // write planning
-  Zeroer zeroer_;                      // write-zeroes, discard
+  // and to parts declared before it, which it calls (the reader only
+  // looks at the pending index). The parts go before the state on
+  // destruction, so the L2 slices pending clusters pin are let go of
+  // before the map.
+  Qcow2State state_;            // what the parts share
+  MetadataGuard guard_;         // entry and write-target checks
+  HeaderWriter header_writer_;  // header fields, dirty and corrupt bits
+  HostSpace host_space_;        // the file's length
+  FlushSequencer flusher_;      // metadata write order, flushes, Grow
+  PendingIndex pending_index_;  // the pending clusters, as mapped
+  ExtentReader reader_;         // Map, compressed reads
+  CowPlanner cow_;              // copy-on-write reads, known zeros
+  PendingClusters pending_;     // deferred copy-on-write, the flush
+  WritePlanner writer_;         // write planning
+  Zeroer zeroer_;               // write-zeroes, discard
+  DirtyBitmaps bitmaps_;        // persistent dirty bitmaps
 };
 
 }  // namespace qcow2::internal

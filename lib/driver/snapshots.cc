@@ -70,7 +70,7 @@ class SnapshotOps {
                        "file are not supported (nor are they in QEMU)"));
     }
     RETURN_IF_ERROR(layer_->header_writer().PrepareWrite());
-    RETURN_IF_ERROR(layer_->flusher().Flush());
+    RETURN_IF_ERROR(layer_->Flush());
     return layer_->flusher().OrderL2AfterAllocation();
   }
 
@@ -262,7 +262,7 @@ class SnapshotOps {
     RETURN_IF_ERROR(SetL2Flags(map_.l1(), CopiedFlags::kByRefcount));
     RETURN_IF_ERROR(SetActiveL1Flags(CopiedFlags::kByRefcount));
     RETURN_IF_ERROR(Durable());
-    return layer_->flusher().Flush();
+    return layer_->Flush();
   }
 
   // After a failure past Begin(): kDataLoss marks the image corrupt.
@@ -414,7 +414,7 @@ absl::StatusOr<SnapshotEntry> CreateSnapshot(Qcow2Layer* layer,
     std::vector<SnapshotEntry> all = table.entries;
     all.push_back(e);
     RETURN_IF_ERROR(ops.CommitTable(all, table));
-    return layer->flusher().Flush();
+    return layer->Flush();
   };
   if (absl::Status s = run(); !s.ok()) return ops.Fail(std::move(s));
   return e;

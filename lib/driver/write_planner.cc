@@ -14,14 +14,14 @@
 #include "lib/base/io_context.h"
 #include "lib/base/math.h"
 #include "lib/base/status_macros.h"
-#include "lib/format/entries.h"
-#include "lib/meta/metadata_cache.h"
-#include "lib/driver/extent_reader.h"
+#include "lib/driver/cow_planner.h"
 #include "lib/driver/flush_sequencer.h"
 #include "lib/driver/header_writer.h"
 #include "lib/driver/host_space.h"
 #include "lib/driver/metadata_guard.h"
 #include "lib/driver/pending_clusters.h"
+#include "lib/format/entries.h"
+#include "lib/meta/metadata_cache.h"
 
 namespace qcow2::internal {
 
@@ -37,95 +37,7 @@ void Count(uint64_t IoStats::*field, uint64_t n = 1) {
   CountMetadata(field, n);
 }
 
-// Calls fn(type, pos, in_cluster, n) for each piece of guest range
-// [offset, +len) inside one cluster that lies in a single subcluster:
-// its type under `entry`/`bitmap`, where it starts in the range and in the
-// cluster, and its length. Stops at the first error fn returns.
-template <typename Fn>
-absl::Status ForEachSubcluster(const Geometry& g, uint64_t entry,
-                               uint64_t bitmap, uint64_t offset, uint64_t len,
-                               Fn fn) {
-  uint64_t n = 0;
-  for (uint64_t pos = 0; pos < len; pos += n) {
-    const uint64_t in_cluster = (offset + pos) & (g.cluster_size - 1);
-    const int sc = static_cast<int>(in_cluster / g.subcluster_size);
-    n = std::min<uint64_t>(len - pos,
-                           (sc + 1) * g.subcluster_size - in_cluster);
-    RETURN_IF_ERROR(fn(ClassifySubcluster(entry, bitmap, g.extended_l2, sc),
-                       pos, in_cluster, n));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
-
-absl::Status WritePlanner::PlanReadOld(uint64_t entry, uint64_t bitmap,
-                                       uint64_t offset, uint8_t* dest,
-                                       uint64_t len, IoPlan* plan) {
-  const Geometry& g = s_->geometry();
-  if (len == 0) return absl::OkStatus();
-  if (entry & kOflagCompressed) {
-    // Head and tail of one copy-on-write share a single decompression.
-    return reader_->PlanCompressedRead(entry, offset, dest, len, plan,
-                                       IoCategory::kCow);
-  }
-  const uint64_t host = entry & kEntryOffsetMask;
-  return ForEachSubcluster(
-      g, entry, bitmap, offset, len,
-      [&](SubclusterType type, uint64_t pos, uint64_t in_cluster,
-          uint64_t n) -> absl::Status {
-        switch (type) {
-          case SubclusterType::kNormal:
-            plan->Read(s_->file.get(), host + in_cluster, dest + pos, n,
-                       IoCategory::kCow);
-            return absl::OkStatus();
-          case SubclusterType::kZeroPlain:
-          case SubclusterType::kZeroAlloc:
-            std::memset(dest + pos, 0, n);
-            return absl::OkStatus();
-          case SubclusterType::kUnallocated:
-          case SubclusterType::kUnallocatedAlloc:
-            if (!backing_) {
-              std::memset(dest + pos, 0, n);
-              return absl::OkStatus();
-            }
-            EmitEvent("cow-read");
-            return backing_(offset + pos, dest + pos, n, plan);
-          default:
-            return s_->map->Corrupt(absl::StrFormat(
-                "L2 entry 0x%016x for guest offset 0x%x is invalid", entry,
-                offset + pos));
-        }
-      });
-}
-
-absl::StatusOr<bool> WritePlanner::KnownZero(uint64_t entry, uint64_t bitmap,
-                                             uint64_t offset, uint64_t len) {
-  if (entry & kOflagCompressed) return len == 0;
-  bool zero = true;
-  RETURN_IF_ERROR(ForEachSubcluster(
-      s_->geometry(), entry, bitmap, offset, len,
-      [&](SubclusterType type, uint64_t pos, uint64_t, uint64_t n) {
-        if (!zero) return absl::OkStatus();
-        switch (type) {
-          case SubclusterType::kZeroPlain:
-          case SubclusterType::kZeroAlloc:
-            return absl::OkStatus();
-          case SubclusterType::kUnallocated:
-          case SubclusterType::kUnallocatedAlloc:
-            if (backing_zero_) {
-              absl::StatusOr<bool> below = backing_zero_(offset + pos, n);
-              if (!below.ok()) return below.status();
-              zero = *below;
-            }
-            return absl::OkStatus();
-          default:
-            zero = false;
-            return absl::OkStatus();
-        }
-      }));
-  return zero;
-}
 
 absl::Status WritePlanner::PlanSubclusters(const L2Ref& ref, uint64_t entry,
                                            uint64_t bitmap, uint64_t cluster,
@@ -151,16 +63,18 @@ absl::Status WritePlanner::PlanSubclusters(const L2Ref& ref, uint64_t entry,
   if (virgin) {
     // Nothing was ever written to the new host cluster, so it reads as
     // zeros: padding that reads as zeros in the chain need not be written.
-    ASSIGN_OR_RETURN(bool zero_head, KnownZero(entry, bitmap, guest + start,
-                                               in_cluster - start));
+    ASSIGN_OR_RETURN(
+        bool zero_head,
+        cow_->KnownZero(entry, bitmap, guest + start, in_cluster - start));
     if (start < in_cluster && zero_head) {
       Count(&IoStats::cow_skipped_zero);
       start = in_cluster;
       skipped = true;
     }
     const uint64_t data_end = in_cluster + data.size();
-    ASSIGN_OR_RETURN(bool zero_tail, KnownZero(entry, bitmap, guest + data_end,
-                                               end - data_end));
+    ASSIGN_OR_RETURN(
+        bool zero_tail,
+        cow_->KnownZero(entry, bitmap, guest + data_end, end - data_end));
     if (data_end < end && zero_tail) {
       Count(&IoStats::cow_skipped_zero);
       end = data_end;
@@ -183,9 +97,11 @@ absl::Status WritePlanner::PlanSubclusters(const L2Ref& ref, uint64_t entry,
     uint8_t* buf = plan->Buffer(end - start);
     if (head > 0) Count(&IoStats::cow_head_copies);
     if (tail_at < end - start) Count(&IoStats::cow_tail_copies);
-    RETURN_IF_ERROR(PlanReadOld(entry, bitmap, guest + start, buf, head, plan));
-    RETURN_IF_ERROR(PlanReadOld(entry, bitmap, guest + in_cluster + data.size(),
-                                buf + tail_at, end - start - tail_at, plan));
+    RETURN_IF_ERROR(
+        cow_->PlanReadOld(entry, bitmap, guest + start, buf, head, plan));
+    RETURN_IF_ERROR(
+        cow_->PlanReadOld(entry, bitmap, guest + in_cluster + data.size(),
+                          buf + tail_at, end - start - tail_at, plan));
     // Guest bytes go between head and tail without a copy.
     if (head > 0) op.Add(buf, head);
     op.Add(data.data(), data.size());
@@ -304,15 +220,16 @@ absl::Status WritePlanner::PlanWriteCluster(uint64_t cluster,
   bool copy_head = in_cluster > 0;
   bool copy_tail = tail < g.cluster_size;
   if (virgin && copy_head) {
-    ASSIGN_OR_RETURN(bool zero, KnownZero(entry, bitmap, guest, in_cluster));
+    ASSIGN_OR_RETURN(bool zero,
+                     cow_->KnownZero(entry, bitmap, guest, in_cluster));
     if (zero) {
       Count(&IoStats::cow_skipped_zero);
       copy_head = false;
     }
   }
   if (virgin && copy_tail) {
-    ASSIGN_OR_RETURN(bool zero, KnownZero(entry, bitmap, guest + tail,
-                                          g.cluster_size - tail));
+    ASSIGN_OR_RETURN(bool zero, cow_->KnownZero(entry, bitmap, guest + tail,
+                                                g.cluster_size - tail));
     if (zero) {
       Count(&IoStats::cow_skipped_zero);
       copy_tail = false;
@@ -327,11 +244,11 @@ absl::Status WritePlanner::PlanWriteCluster(uint64_t cluster,
   }
   if (copy_head) {
     RETURN_IF_ERROR(
-        PlanReadOld(entry, bitmap, guest, head_buf, in_cluster, plan));
+        cow_->PlanReadOld(entry, bitmap, guest, head_buf, in_cluster, plan));
   }
   if (copy_tail) {
-    RETURN_IF_ERROR(PlanReadOld(entry, bitmap, guest + tail, tail_buf,
-                                g.cluster_size - tail, plan));
+    RETURN_IF_ERROR(cow_->PlanReadOld(entry, bitmap, guest + tail, tail_buf,
+                                      g.cluster_size - tail, plan));
   }
   const bool skipped =
       (in_cluster > 0 && !copy_head) || (tail < g.cluster_size && !copy_tail);
@@ -383,10 +300,11 @@ absl::Status WritePlanner::ProbeCluster(uint64_t cluster, bool partial,
         s_->refcounts->Get(host >> g.cluster_bits, /*may_defer=*/true)
             .status());
   }
-  if (partial && host == 0 && !(entry & kOflagCompressed) && backing_zero_) {
-    RETURN_IF_ERROR(
-        KnownZero(entry, bitmap, cluster << g.cluster_bits, g.cluster_size)
-            .status());
+  if (partial && host == 0 && !(entry & kOflagCompressed) &&
+      cow_->has_backing_zero()) {
+    RETURN_IF_ERROR(cow_->KnownZero(entry, bitmap, cluster << g.cluster_bits,
+                                    g.cluster_size)
+                        .status());
   }
   // Counted once the cluster is through (a round stopped here probes it
   // again): a new L2 table, or a new host cluster, may be needed.

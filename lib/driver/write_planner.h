@@ -7,8 +7,6 @@
 #define QCOW2_LIB_DRIVER_WRITE_PLANNER_H_
 
 #include <cstdint>
-#include <functional>
-#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -20,7 +18,7 @@
 
 namespace qcow2::internal {
 
-class ExtentReader;
+class CowPlanner;
 class FlushSequencer;
 class HeaderWriter;
 class HostSpace;
@@ -31,37 +29,21 @@ class PendingClusters;
 // (kFailedPrecondition); the other planning methods REQUIRE it.
 class WritePlanner {
  public:
-  // Plans reads of guest bytes from the chain below this layer (for
-  // copy-on-write) into `dest`.
-  using BackingPlanner = std::function<absl::Status(
-      uint64_t offset, uint8_t* dest, uint64_t len, IoPlan* plan)>;
-  // Whether guest bytes [offset, +len) read as zeros from the chain below,
-  // judged from metadata alone (zero or unallocated everywhere down).
-  using BackingZero =
-      std::function<absl::StatusOr<bool>(uint64_t offset, uint64_t len)>;
-
   // Clusters one probe looks at when it has no ProbeProgress to go on with.
   static constexpr uint64_t kProbeClusters = 1024;
 
   // The parts are the layer's and outlive this.
   WritePlanner(Qcow2State* s, const MetadataGuard* guard,
                HeaderWriter* header_writer, HostSpace* host_space,
-               FlushSequencer* flusher, ExtentReader* reader,
+               FlushSequencer* flusher, CowPlanner* cow,
                PendingClusters* pending)
       : s_(s),
         guard_(guard),
         header_writer_(header_writer),
         host_space_(host_space),
         flusher_(flusher),
-        reader_(reader),
+        cow_(cow),
         pending_(pending) {}
-
-  // The chain below, for copy-on-write; none (both null) at the bottom.
-  void set_backing(BackingPlanner planner, BackingZero zero) {
-    backing_ = std::move(planner);
-    backing_zero_ = std::move(zero);
-  }
-  bool has_backing() const { return static_cast<bool>(backing_); }
 
   // Plans the write of `data` at guest `offset`: allocations happen now
   // (in memory), copy-on-write reads and data writes go into `plan`, and
@@ -112,16 +94,6 @@ class WritePlanner {
   // of the request got; else kProbeClusters at most.
   absl::Status ProbeChange(uint64_t offset, uint64_t len, bool frees_owned,
                            ProbeProgress* progress = nullptr);
-
-  // Whether guest range [offset, +len) inside one cluster whose L2 entry is
-  // `entry`/`bitmap` reads as zeros, judged from metadata alone. A copy of
-  // such a range into a never-written host cluster can be skipped.
-  absl::StatusOr<bool> KnownZero(uint64_t entry, uint64_t bitmap,
-                                 uint64_t offset, uint64_t len);
-  // Plans filling `dest` with the current contents of guest range
-  // [offset, +len) inside one cluster whose L2 entry is `entry`/`bitmap`.
-  absl::Status PlanReadOld(uint64_t entry, uint64_t bitmap, uint64_t offset,
-                           uint8_t* dest, uint64_t len, IoPlan* plan);
 
   // The L2 entry of guest `cluster`, in a table this layer owns alone:
   // allocates a table (fresh, or a private copy of a shared one) if
@@ -181,10 +153,8 @@ class WritePlanner {
   HeaderWriter* const header_writer_;
   HostSpace* const host_space_;
   FlushSequencer* const flusher_;
-  ExtentReader* const reader_;
+  CowPlanner* const cow_;
   PendingClusters* const pending_;
-  BackingPlanner backing_;    // the chain below; null at the bottom
-  BackingZero backing_zero_;  // null at the bottom
 };
 
 }  // namespace qcow2::internal

@@ -15,6 +15,7 @@
 #include "lib/driver/flush_sequencer.h"
 #include "lib/driver/header_writer.h"
 #include "lib/driver/metadata_guard.h"
+#include "lib/driver/pending_clusters.h"
 #include "lib/driver/write_planner.h"
 
 namespace qcow2::internal {
@@ -139,7 +140,7 @@ absl::Status WritePlanner::Preallocate(Preallocation mode) {
       }
     }
   }
-  return flusher_->Flush();
+  return pending_->SettleAndFlush();
 }
 
 }  // namespace qcow2::internal

@@ -13,6 +13,7 @@
 #include "lib/driver/flush_sequencer.h"
 #include "lib/driver/header_writer.h"
 #include "lib/driver/metadata_guard.h"
+#include "lib/driver/pending_clusters.h"
 #include "lib/driver/write_planner.h"
 
 namespace qcow2::internal {
@@ -108,7 +109,7 @@ absl::Status WritePlanner::PreallocateGrown(uint64_t from, uint64_t to,
       ref.Set((r.host + i * g.cluster_size) | kOflagCopied, 0);
     }
   }
-  return flusher_->Flush();
+  return pending_->SettleAndFlush();
 }
 
 }  // namespace qcow2::internal
@@ -125,7 +126,7 @@ absl::Status WritePlanner::Shrink(uint64_t new_size) {
   }
   // Clusters waiting for their L2 entry (deferred copy-on-write) get it
   // first, so that none is set after the entries are cleared.
-  RETURN_IF_ERROR(flusher_->Flush());
+  RETURN_IF_ERROR(pending_->SettleAndFlush());
   const Geometry& g = s_->geometry();
   const uint64_t first = DivRoundUp(new_size, g.cluster_size);
   const uint64_t old_end = DivRoundUp(s_->header.size, g.cluster_size);
@@ -154,7 +155,7 @@ absl::Status WritePlanner::Shrink(uint64_t new_size) {
   }
   // The cleared entries are durable before the counts they let go of
   // (the flush orders them), and both before the header's new size.
-  RETURN_IF_ERROR(flusher_->Flush());
+  RETURN_IF_ERROR(pending_->SettleAndFlush());
   s_->header.size = new_size;
   return header_writer_->WriteHeaderFields();
 }

@@ -11,6 +11,7 @@
 #include "lib/base/status_macros.h"
 #include "lib/format/entries.h"
 #include "lib/meta/metadata_cache.h"
+#include "lib/driver/cow_planner.h"
 #include "lib/driver/extent_reader.h"
 #include "lib/driver/header_writer.h"
 #include "lib/driver/host_space.h"
@@ -32,7 +33,7 @@ absl::StatusOr<bool> Zeroer::ReadsAsZeroHere(uint64_t offset, uint64_t len) {
   ASSIGN_OR_RETURN(Extent e, reader_->Map(offset, len));
   return e.length >= len &&
          (e.kind == Extent::kZero ||
-          (e.kind == Extent::kUnallocated && !writer_->has_backing()));
+          (e.kind == Extent::kUnallocated && !cow_->has_backing()));
 }
 
 absl::Status Zeroer::ZeroCluster(uint64_t cluster, bool free_clusters,
@@ -51,7 +52,7 @@ absl::Status Zeroer::ZeroCluster(uint64_t cluster, bool free_clusters,
   // The entry decides what is freed or kept: check it first.
   RETURN_IF_ERROR(guard_->ValidateEntry(entry, bitmap, guest));
   RETURN_IF_ERROR(guard_->CheckNotMetadata(entry, guest));
-  if (entry == 0 && bitmap == 0 && !writer_->has_backing())
+  if (entry == 0 && bitmap == 0 && !cow_->has_backing())
     return absl::OkStatus();
   const uint64_t host = entry & kEntryOffsetMask;
   const bool owned =
@@ -60,7 +61,7 @@ absl::Status Zeroer::ZeroCluster(uint64_t cluster, bool free_clusters,
 
   if (s_->header.version < 3) {
     // No zero flag in version 2: zero bytes are written (planned).
-    if (writer_->has_backing()) {
+    if (cow_->has_backing()) {
       return writer_->PlanWriteCluster(
           cluster, 0,
           absl::MakeConstSpan(ZeroCluster2M().data(), g.cluster_size), plan);
@@ -125,7 +126,7 @@ absl::Status Zeroer::ZeroSubclusters(uint64_t cluster, uint64_t in_cluster,
     // read (and decompressed) into a buffer and the range zeroed there
     // before the buffer is written.
     uint8_t* buf = plan->Buffer(g.cluster_size);
-    RETURN_IF_ERROR(writer_->PlanReadOld(entry, ref.bitmap(), guest, buf,
+    RETURN_IF_ERROR(cow_->PlanReadOld(entry, ref.bitmap(), guest, buf,
                                          g.cluster_size, plan));
     plan->after_reads.push_back([buf, in_cluster, len] {
       std::memset(buf + in_cluster, 0, len);
@@ -219,7 +220,7 @@ absl::Status Zeroer::ZeroRange(uint64_t offset, uint64_t len,
     // With one they must keep reading the backing file after a resize.
     const bool whole =
         n == g.cluster_size || (in_cluster == 0 && cur + n == s_->header.size &&
-                                !writer_->has_backing());
+                                !cow_->has_backing());
     absl::Status s;
     if (whole) {
       s = ZeroCluster(cluster, free_clusters, plan);

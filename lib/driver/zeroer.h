@@ -8,11 +8,12 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "lib/io/io_plan.h"
 #include "lib/driver/qcow2_state.h"
+#include "lib/io/io_plan.h"
 
 namespace qcow2::internal {
 
+class CowPlanner;
 class ExtentReader;
 class HeaderWriter;
 class HostSpace;
@@ -27,13 +28,14 @@ class Zeroer {
 
   // The parts are the layer's and outlive this.
   Zeroer(Qcow2State* s, const MetadataGuard* guard, HeaderWriter* header_writer,
-         HostSpace* host_space, ExtentReader* reader, PendingClusters* pending,
-         WritePlanner* writer)
+         HostSpace* host_space, ExtentReader* reader, CowPlanner* cow,
+         PendingClusters* pending, WritePlanner* writer)
       : s_(s),
         guard_(guard),
         header_writer_(header_writer),
         host_space_(host_space),
         reader_(reader),
+        cow_(cow),
         pending_(pending),
         writer_(writer) {}
 
@@ -81,6 +83,7 @@ class Zeroer {
   HeaderWriter* const header_writer_;
   HostSpace* const host_space_;
   ExtentReader* const reader_;
+  CowPlanner* const cow_;
   PendingClusters* const pending_;
   WritePlanner* const writer_;
 };
