@@ -189,7 +189,7 @@ absl::Status PendingClusters::PlanPendingWrite(uint64_t cluster,
     PendingCluster& p = it->second;
     p.ref = std::move(ref);
     p.host = fresh;
-    p.virgin = (fresh >> g.cluster_bits) >= end_before;
+    p.virgin = !s_->encrypted && (fresh >> g.cluster_bits) >= end_before;
   }
   PendingCluster& p = it->second;
   const uint64_t unit = in_cluster / kFineLockBytes;
