@@ -32,6 +32,7 @@ set(QCOW2_LIB_SOURCES
   ${PROJECT_SOURCE_DIR}/lib/driver/host_space.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/metadata_guard.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/pending_clusters.cc
+  ${PROJECT_SOURCE_DIR}/lib/driver/luks_open.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/pending_index.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/qcow2_layer.cc
   ${PROJECT_SOURCE_DIR}/lib/driver/snapshots.cc
@@ -65,6 +66,7 @@ set(QCOW2_LIB_SOURCES
   ${PROJECT_SOURCE_DIR}/lib/format/header.cc
   ${PROJECT_SOURCE_DIR}/lib/format/snapshot_table.cc
   ${PROJECT_SOURCE_DIR}/lib/io/accounted_file.cc
+  ${PROJECT_SOURCE_DIR}/lib/io/data_cipher.cc
   ${PROJECT_SOURCE_DIR}/lib/io/file.cc
   ${PROJECT_SOURCE_DIR}/lib/io/file_lock.cc
   ${PROJECT_SOURCE_DIR}/lib/io/io_plan.cc

@@ -6,9 +6,14 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <map>
 #include <limits>
 #include <memory>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 
 namespace qcow2::tool {
@@ -187,9 +192,137 @@ absl::StatusOr<OutputFormat> ParseOutputFormat(std::string_view text) {
       absl::StrCat("--output must be 'human' or 'json', not '", AV(text), "'"));
 }
 
+namespace {
+
+// QEMU's option-string syntax: key=value pairs split at ',' (",," is a
+// comma in a value); a first word without '=' is `implied`'s value.
+absl::StatusOr<std::map<std::string, std::string>> ParseQemuOpts(
+    std::string_view text, const char* implied) {
+  std::map<std::string, std::string> out;
+  std::string cur;
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] == ',') {
+      if (i + 1 < text.size() && text[i + 1] == ',') {
+        cur += ',';
+        ++i;
+        continue;
+      }
+      parts.push_back(std::move(cur));
+      cur.clear();
+      continue;
+    }
+    cur += text[i];
+  }
+  parts.push_back(std::move(cur));
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const size_t eq = parts[i].find('=');
+    if (eq == std::string::npos) {
+      if (i == 0 && implied != nullptr) {
+        out[implied] = parts[i];
+        continue;
+      }
+      return absl::InvalidArgumentError(
+          absl::StrCat("Invalid parameter '", parts[i], "'"));
+    }
+    out[parts[i].substr(0, eq)] = parts[i].substr(eq + 1);
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::Status OpenPolicy::AddObject(std::string_view spec) {
+  auto parsed = ParseQemuOpts(spec, "qom-type");
+  if (!parsed.ok()) return parsed.status();
+  auto& kv = *parsed;
+  const std::string type = kv["qom-type"];
+  if (type != "secret") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Parameter 'qom-type' does not accept value '", type, "'"));
+  }
+  auto id = kv.find("id");
+  if (id == kv.end() || id->second.empty()) {
+    return absl::InvalidArgumentError("Parameter 'id' is missing");
+  }
+  std::string bytes;
+  if (auto d = kv.find("data"); d != kv.end()) {
+    bytes = d->second;
+  } else if (auto f = kv.find("file"); f != kv.end()) {
+    std::ifstream in(f->second, std::ios::binary);
+    if (!in) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Unable to read ", f->second, ": Failed to open file \u201c",
+          f->second, "\u201d: ", std::strerror(errno)));
+    }
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  } else {
+    return absl::InvalidArgumentError(
+        "Either 'file' or 'data' must be provided");
+  }
+  if (auto fmt = kv.find("format"); fmt != kv.end() && fmt->second != "raw") {
+    std::string raw;
+    if (fmt->second != "base64" || !absl::Base64Unescape(bytes, &raw)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Invalid secret format '", fmt->second, "'"));
+    }
+    bytes = std::move(raw);
+  }
+  for (const auto& [k, v] : kv) {
+    if (k != "qom-type" && k != "id" && k != "data" && k != "file" &&
+        k != "format") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Property 'secret.", k, "' not found"));
+    }
+  }
+  secrets[id->second] = std::move(bytes);
+  return absl::OkStatus();
+}
+
+absl::Status OpenPolicy::ResolveImage(std::string* image,
+                                      std::string* format) {
+  key_secret.clear();
+  if (!image_opts) return absl::OkStatus();
+  auto parsed = ParseQemuOpts(*image, nullptr);
+  if (!parsed.ok()) return parsed.status();
+  auto& kv = *parsed;
+  std::string path;
+  for (const auto& [k, v] : kv) {
+    if (k == "driver") {
+      if (absl::Status st = CheckImageFormat(v); !st.ok()) return st;
+      *format = v;
+    } else if (k == "file.filename" || k == "file") {
+      path = v;
+    } else if (k == "file.driver") {
+      if (v != "file") {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "protocol driver '", v, "' is not supported (file is)"));
+      }
+    } else if (k == "encrypt.key-secret") {
+      auto s = secrets.find(v);
+      if (s == secrets.end()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("No secret with id '", v, "'"));
+      }
+      key_secret = s->second;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Block format '", kv.count("driver") ? kv["driver"] : "qcow2",
+          "' does not support the option '", k, "'"));
+    }
+  }
+  if (path.empty()) {
+    return absl::InvalidArgumentError(
+        "A block device must be specified for \"file\"");
+  }
+  *image = path;
+  return absl::OkStatus();
+}
+
 void OpenPolicy::ApplyTo(OpenOptions* opts) const {
   opts->force_share = force_share;
   opts->backing_root = backing_root;
+  opts->key_secret = key_secret;
 }
 
 absl::Status CheckImageFormat(std::string_view text) {

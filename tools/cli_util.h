@@ -12,6 +12,7 @@
 #define QCOW2_TOOLS_CLI_UTIL_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -86,10 +87,30 @@ absl::StatusOr<OutputFormat> ParseOutputFormat(std::string_view text);
 struct OpenPolicy {
   bool force_share = false;
   std::string backing_root;
+  // --object secret,id=ID,data=STRING|file=PATH[,format=raw|base64], as
+  // qemu-img takes them: the secrets by id.
+  std::map<std::string, std::string> secrets;
+  // --image-opts: image operands are option strings
+  // (driver=qcow2,file.filename=PATH,encrypt.key-secret=ID).
+  bool image_opts = false;
+  // The key secret of the image being opened (ResolveImage).
+  std::string key_secret;
 
-  // Sets OpenOptions::force_share and backing_root.
+  // Adds one --object (only secret objects; qemu-img's messages).
+  absl::Status AddObject(std::string_view spec);
+  // With --image-opts, turns `*image` into its file name and `*format`
+  // into its driver, and sets key_secret from encrypt.key-secret; without,
+  // does nothing.
+  absl::Status ResolveImage(std::string* image, std::string* format);
+
+  // Sets OpenOptions::force_share, backing_root and key_secret.
   void ApplyTo(OpenOptions* opts) const;
 };
+inline constexpr char kSecretHelp[] =
+    "  --object secret,id=ID,data=STRING|file=PATH  a secret, for\n"
+    "                   encrypt.key-secret=ID\n"
+    "  --image-opts     IMAGE is driver=qcow2,file.filename=PATH,\n"
+    "                   encrypt.key-secret=ID\n";
 inline constexpr char kForceShareHelp[] =
     "  -U, --force-share  open IMAGE even while another process (QEMU,\n"
     "                   qcowtool) writes it: only the shared read lock is\n"

@@ -170,6 +170,7 @@ int ParseArgs(int argc, char** argv, CheckArgs* a) {
       .Add("output", 0, Arg::kRequired,
            [a](const char* v) { return TakeOutput(v, &a->json); })
       .ForceShare(&a->policy)
+      .Secrets(&a->policy)
       .Text("", 'f', &a->format)
       .Add("", 'r', Arg::kRequired,
            [a](const char* v) { return TakeRepairMode(v, &a->mode); })
@@ -179,6 +180,14 @@ int ParseArgs(int argc, char** argv, CheckArgs* a) {
   if (int rc = parser.Parse(argc, argv, &operands); rc != kGoOn) return rc;
   if (operands.size() != 1) return Usage("Expecting one image file name");
   a->filename = operands[0];
+  // --image-opts: the file and driver. (The check reads metadata only: an
+  // encrypted image's secret, named as qemu-img check needs it, is not
+  // used.)
+  if (absl::Status s = a->policy.ResolveImage(&a->filename, &a->format);
+      !s.ok()) {
+    ReportError(s);
+    return kExitFailed;
+  }
   return kGoOn;
 }
 

@@ -269,10 +269,16 @@ int Comparison::Run() {
 
 int OpenSide(const CompareArgs& args, int i, Side* side) {
   OpenOptions opts;
+  OpenPolicy policy = args.policy;
+  std::string path = args.name[i];
   opts.format = args.format[i];
-  args.policy.ApplyTo(&opts);
-  side->name = args.name[i];
-  auto image = Image::Open(args.name[i], opts);
+  if (auto s = policy.ResolveImage(&path, &opts.format); !s.ok()) {
+    ReportError(s);
+    return kExitOpenError;
+  }
+  policy.ApplyTo(&opts);
+  side->name = path;
+  auto image = Image::Open(path, opts);
   if (!image.ok()) {
     ReportError(image.status());
     return kExitOpenError;
@@ -281,7 +287,7 @@ int OpenSide(const CompareArgs& args, int i, Side* side) {
   side->size = side->image->size();
   side->status = std::make_unique<StatusAbove>(
       side->image.get(),
-      QemuChainNames(args.name[i], side->image->GetChainInfo()));
+      QemuChainNames(path, side->image->GetChainInfo()));
   return kExitSame;
 }
 

@@ -384,6 +384,12 @@ int CreateQcow2(const ConvertArgs& a, uint64_t size, CreateRequest* req) {
     return ReportError(
         Errno(errno, absl::StrCat("cannot replace ", a.dest)));
   }
+  if (auto s = ResolveCreateSecret(a.policy.secrets, req); !s.ok()) {
+    return ReportError(s);
+  }
+  if (!o.encrypt.format.empty() && a.compress) {
+    return ReportFailure("Compression and encryption not supported at the same time");
+  }
   if (auto s = CreateImage(a.dest, o); !s.ok()) return ReportError(s);
   return -1;
 }
@@ -426,6 +432,9 @@ int RunConvert(int argc, char** argv) {
     }
   }
   if (int rc = CheckCombination(args); rc >= 0) return rc;
+  if (auto s = args.policy.ResolveImage(&args.source, &args.format); !s.ok()) {
+    return ReportError(s);
+  }
 
   OpenOptions opts;
   opts.format = args.format;
@@ -464,6 +473,7 @@ int RunConvert(int argc, char** argv) {
     if (!args.no_create) {
       if (int rc = CreateQcow2(args, source.size(), &req); rc >= 0) return rc;
     }
+    to.key_secret = req.opts.encrypt.key_secret;
     auto out = Image::Open(args.dest, to);
     if (!out.ok()) return ReportError(out.status());
     if ((*out)->size() < source.size()) return ReportError(OutputSmaller());

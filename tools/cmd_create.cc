@@ -178,6 +178,7 @@ struct CreateArgs {
   std::optional<std::string> backing_format;
   bool unsafe = false;
   bool quiet = false;
+  OpenPolicy policy;  // --object secrets, for encrypt.key-secret
   std::vector<std::string> positional;
 };
 
@@ -190,7 +191,8 @@ int ParseArgs(int argc, char** argv, const std::string& usage, CreateArgs* a) {
       .Text("backing", 'b', &a->backing)
       .Text("backing-format", 'F', &a->backing_format)
       .Flag("unsafe", 'u', &a->unsafe)
-      .Flag("quiet", 'q', &a->quiet);
+      .Flag("quiet", 'q', &a->quiet)
+      .Secrets(&a->policy);
   return parser.Parse(argc, argv, &a->positional);
 }
 
@@ -291,6 +293,9 @@ int RunCreateWithUsage(int argc, char** argv, const std::string& usage) {
   // 0 would mean "the backing file's size" to CreateImage; with a backing
   // file the size is known by now (or given, with -u).
   req.opts.size = req.size.value_or(0);
+  if (auto s = ResolveCreateSecret(args.policy.secrets, &req); !s.ok()) {
+    return ReportError(s);
+  }
   if (auto s = CreateImage(req.file, req.opts); !s.ok()) return ReportError(s);
   return kExitOk;
 }

@@ -62,6 +62,9 @@ int ParseArgs(int argc, char** argv, InfoArgs* args) {
 int RunInfo(int argc, char** argv) {
   InfoArgs args;
   if (int rc = ParseArgs(argc, argv, &args); rc >= 0) return rc;
+  if (auto s = args.policy.ResolveImage(&args.image, &args.format); !s.ok()) {
+    return ReportError(s);
+  }
 
   OpenOptions opts;
   opts.format = args.format;

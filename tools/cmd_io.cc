@@ -563,6 +563,9 @@ int RunIo(int argc, char** argv) {
     commands.push_back(std::move(*cmd));
   }
 
+  if (auto s = args.policy.ResolveImage(&args.image, &args.format); !s.ok()) {
+    return ReportError(s);
+  }
   OpenOptions opts;
   opts.format = args.format;
   opts.read_write = !args.read_only;

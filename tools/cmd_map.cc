@@ -119,6 +119,9 @@ bool DumpEntry(OutputFormat output, const MapEntry& e, MapEntry* next,
 int RunMap(int argc, char** argv) {
   MapArgs args;
   if (int rc = ParseArgs(argc, argv, &args); rc >= 0) return rc;
+  if (auto s = args.policy.ResolveImage(&args.image, &args.format); !s.ok()) {
+    return ReportError(s);
+  }
 
   OpenOptions opts;
   opts.format = args.format;

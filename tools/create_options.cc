@@ -29,6 +29,22 @@ constexpr OptionSpec kOptionSpecs[] = {
     {"compression_type", "<str>",
      "Compression method used for image cluster compression (zlib, zstd)",
      false},
+    {"encrypt.cipher-alg", "<str>",
+     "Name of encryption cipher algorithm (aes-256 by default)", false},
+    {"encrypt.cipher-mode", "<str>",
+     "Name of encryption cipher mode (xts by default)", false},
+    {"encrypt.format", "<str>", "Encrypt the image, format choices: 'luks'",
+     false},
+    {"encrypt.hash-alg", "<str>",
+     "Name of encryption hash algorithm (sha256 by default)", false},
+    {"encrypt.iter-time", "<num>",
+     "Time to spend in PBKDF in milliseconds (2000 by default)", false},
+    {"encrypt.ivgen-alg", "<str>",
+     "Name of IV generator algorithm (plain64 by default)", false},
+    {"encrypt.ivgen-hash-alg", "<str>",
+     "Name of IV generator hash algorithm", false},
+    {"encrypt.key-secret", "<str>",
+     "ID of secret providing qcow2 AES key or LUKS passphrase", false},
     {"extended_l2", "<bool (on/off)>", "Extended L2 tables", false},
     {"lazy_refcounts", "<bool (on/off)>", "Postpone refcount updates", false},
     {"preallocation", "<str>",
@@ -48,7 +64,7 @@ const OptionSpec* FindOption(std::string_view name) {
 // qemu-img options that qcowtool recognises but does not implement.
 bool IsUnsupportedQemuOption(std::string_view name) {
   return name == "data_file" || name == "data_file_raw" ||
-         name == "encryption" || name.substr(0, 8) == "encrypt.";
+         name == "encryption" || name.substr(0, 8) == "encrypt.";  // others
 }
 
 // Splits "a=1,b=x,,y" into {"a=1", "b=x,y"} (",," is a literal comma, as
@@ -222,6 +238,24 @@ absl::Status ApplyOption(const std::string& key, const std::string& v,
   } else if (key == "preallocation") {
     if (auto s = ApplyPreallocation(v, o.format, &o); !s.ok()) return s;
     req->preallocation = v;
+  } else if (key == "encrypt.format") {
+    o.encrypt.format = v;
+  } else if (key == "encrypt.key-secret") {
+    req->key_secret_id = v;
+  } else if (key == "encrypt.cipher-alg") {
+    o.encrypt.cipher_alg = v;
+  } else if (key == "encrypt.cipher-mode") {
+    o.encrypt.cipher_mode = v;
+  } else if (key == "encrypt.ivgen-alg") {
+    o.encrypt.ivgen_alg = v;
+  } else if (key == "encrypt.ivgen-hash-alg") {
+    o.encrypt.ivgen_hash_alg = v;
+  } else if (key == "encrypt.hash-alg") {
+    o.encrypt.hash_alg = v;
+  } else if (key == "encrypt.iter-time") {
+    auto n = ParseDecimal(key, v);
+    if (!n.ok()) return n.status();
+    o.encrypt.iter_time_ms = static_cast<uint32_t>(*n);
   } else if (key == "refcount_bits") {
     auto n = ParseDecimal(key, v);
     if (!n.ok()) return n.status();
@@ -231,6 +265,18 @@ absl::Status ApplyOption(const std::string& key, const std::string& v,
     }
     o.refcount_bits = static_cast<uint32_t>(*n);
   }
+  return absl::OkStatus();
+}
+
+absl::Status ResolveCreateSecret(
+    const std::map<std::string, std::string>& secrets, CreateRequest* req) {
+  if (req->key_secret_id.empty()) return absl::OkStatus();
+  auto it = secrets.find(req->key_secret_id);
+  if (it == secrets.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("No secret with id '", req->key_secret_id, "'"));
+  }
+  req->opts.encrypt.key_secret = it->second;
   return absl::OkStatus();
 }
 

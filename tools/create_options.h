@@ -28,7 +28,14 @@ struct CreateRequest {
   // How to print the options that qemu-img prints only when given.
   std::optional<std::string> preallocation;
   std::optional<std::string> compat;
+  // encrypt.key-secret: the id of a --object secret (resolved by the verb).
+  std::string key_secret_id;
 };
+
+// Sets req->opts.encrypt.key_secret from the secret req->key_secret_id
+// names (qemu-img's "No secret with id 'ID'" when none does).
+absl::Status ResolveCreateSecret(const std::map<std::string, std::string>& secrets,
+                                 CreateRequest* req);
 
 // The "-o help" listing for `format`.
 std::string OptionHelp(ImageFormat format);

@@ -119,7 +119,15 @@ OptionParser& OptionParser::BackingRoot(OpenPolicy* out) {
 }
 
 OptionParser& OptionParser::Policy(OpenPolicy* out) {
-  return ForceShare(out).BackingRoot(out);
+  return ForceShare(out).BackingRoot(out).Secrets(out);
+}
+
+OptionParser& OptionParser::Secrets(OpenPolicy* out) {
+  Add("object", 0, Arg::kRequired, [out](const char* v) {
+    if (absl::Status s = out->AddObject(v); !s.ok()) return ReportError(s);
+    return kGoOn;
+  });
+  return Flag("image-opts", 0, &out->image_opts);
 }
 
 OptionParser& OptionParser::OnBadOption(

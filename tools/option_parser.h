@@ -70,6 +70,8 @@ class OptionParser {
   OptionParser& ForceShare(OpenPolicy* out);
   // --backing-root=DIR alone.
   OptionParser& BackingRoot(OpenPolicy* out);
+  // --object secret,... and --image-opts (Policy adds them too).
+  OptionParser& Secrets(OpenPolicy* out);
 
   // Words bad options in the caller's own terms (getopt prints nothing);
   // without it getopt prints its message and Parse returns the usage

@@ -84,6 +84,11 @@ typedef struct qcow2_image_t qcow2_image_t;
  *   preallocation=off|metadata|falloc|full
  *   backing_fmt=qcow2|raw   backing_file=NAME (instead of `backing`)
  *   size=SIZE (instead of `size`)   format=qcow2|raw (libqcow2: a raw file)
+ *   encrypt.format=luks  encrypt.key-secret-file=PATH (the passphrase: the
+ *   file's bytes)  encrypt.cipher-alg=aes-256  encrypt.cipher-mode=xts
+ *   encrypt.ivgen-alg=plain64  encrypt.ivgen-hash-alg=HASH
+ *   encrypt.hash-alg=sha256  encrypt.iter-time=MS (QEMU's names, defaults)
+ *   encrypt.iterations=N (libqcow2's: fixed PBKDF2 counts, not measured)
  * An unknown key or a bad value fails with -EINVAL naming it. Thread-safe.
  */
 QCOW2_EXPORT int qcow2_image_create(const char* path, const char* backing,
@@ -110,6 +115,9 @@ QCOW2_EXPORT qcow2_image_t* qcow2_image_open(const char* path, int read_write,
  *   no-flush=on|off      flushes make nothing durable (qemu-img -t unsafe);
  *                        default off
  *   max-chain=N          deepest backing chain accepted
+ *   key-secret-file=PATH the secret of LUKS-encrypted images (the file's
+ *                        bytes; without it, or wrong: -EACCES). Copies
+ *                        the library makes are wiped after the unlock.
  * An unknown key or bad value fails with -EINVAL naming it. */
 QCOW2_EXPORT qcow2_image_t* qcow2_image_open_opts(const char* path,
                                                   const char* options,

@@ -85,6 +85,36 @@ struct OpenOptions {
   // Opens the files. nullptr means DefaultFileOpener(). Not owned; must
   // outlive the image.
   FileOpener* opener = nullptr;
+
+  // The secret (passphrase bytes) of a LUKS-encrypted image (qcow2
+  // crypt_method 2, QEMU's encrypt.key-secret), tried on every encrypted
+  // image of the chain. An encrypted image opened without it, or with one
+  // no key slot accepts, fails with kPermissionDenied and is not written.
+  // The library wipes its own copies once the key slots are unlocked (the
+  // caller's string is the caller's to wipe; docs/security.md). Legacy
+  // AES (crypt_method 1) is refused, as QEMU 7.2's emulators refuse it.
+  // Default: empty.
+  std::string key_secret;
+};
+
+// LUKS encryption of a new qcow2 image, as `qemu-img create -o
+// encrypt.format=luks,encrypt.*` makes it (QEMU 7.2's names and
+// defaults).
+struct EncryptionOptions {
+  // "luks" encrypts; empty: no encryption. ("aes", legacy, is refused.)
+  std::string format;
+  std::string key_secret;            // the passphrase of key slot 0
+  std::string cipher_alg = "aes-256";  // aes-128/192/256, cast5-128,
+                                       // serpent-*, twofish-*
+  std::string cipher_mode = "xts";   // xts, cbc, ecb, ctr
+  std::string ivgen_alg = "plain64"; // plain, plain64, essiv
+  std::string ivgen_hash_alg;        // essiv's hash; empty: QEMU's default
+  std::string hash_alg = "sha256";   // PBKDF2 and AF hash
+  uint32_t iter_time_ms = 2000;      // encrypt.iter-time
+  // Fixed PBKDF2 iteration counts (at least 1000) for the key slot and
+  // the master-key digest instead of measuring iter_time_ms (which costs
+  // about a second of CPU, as in QEMU). 0: measure. Default: 0.
+  uint32_t iterations = 0;
 };
 
 enum class Preallocation {
@@ -129,6 +159,9 @@ struct CreateOptions {
 
   // Opens the files. nullptr means DefaultFileOpener(). Not owned.
   FileOpener* opener = nullptr;
+
+  // LUKS encryption (qcow2 only); default: none.
+  EncryptionOptions encrypt;
 };
 
 }  // namespace qcow2

@@ -12,6 +12,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <new>
 #include <string>
@@ -23,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "lib/crypto/secure_buffer.h"
 #include "qcow2/image.h"
 #include "qcow2/queue.h"
 #include "qcow2/version.h"
@@ -99,6 +102,19 @@ absl::Status BadValue(absl::string_view key, absl::string_view value,
       "option ", key, "='", value, "': expected ", expected));
 }
 
+// The bytes of a key-secret file (the secret itself never travels in an
+// option string).
+absl::Status ReadSecretFile(absl::string_view key, absl::string_view path,
+                            std::string* out) {
+  std::ifstream in(std::string(path), std::ios::binary);
+  if (!in) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "option ", key, ": cannot read '", path, "': ", std::strerror(errno)));
+  }
+  out->assign(std::istreambuf_iterator<char>(in), {});
+  return absl::OkStatus();
+}
+
 absl::Status ApplyCreateOption(absl::string_view key, absl::string_view v,
                                qcow2::CreateOptions* o) {
   using qcow2::Preallocation;
@@ -154,6 +170,30 @@ absl::Status ApplyCreateOption(absl::string_view key, absl::string_view v,
   } else if (key == "size") {
     if (!ParseSizeValue(v, &n)) return BadValue(key, v, "a size (e.g. 10G)");
     o->size = n;
+  } else if (key == "encrypt.format") {
+    o->encrypt.format = std::string(v);
+  } else if (key == "encrypt.key-secret-file") {
+    return ReadSecretFile(key, v, &o->encrypt.key_secret);
+  } else if (key == "encrypt.cipher-alg") {
+    o->encrypt.cipher_alg = std::string(v);
+  } else if (key == "encrypt.cipher-mode") {
+    o->encrypt.cipher_mode = std::string(v);
+  } else if (key == "encrypt.ivgen-alg") {
+    o->encrypt.ivgen_alg = std::string(v);
+  } else if (key == "encrypt.ivgen-hash-alg") {
+    o->encrypt.ivgen_hash_alg = std::string(v);
+  } else if (key == "encrypt.hash-alg") {
+    o->encrypt.hash_alg = std::string(v);
+  } else if (key == "encrypt.iter-time") {
+    if (!absl::SimpleAtoi(v, &n) || n == 0 || n > 1000000) {
+      return BadValue(key, v, "milliseconds from 1 to 1000000");
+    }
+    o->encrypt.iter_time_ms = static_cast<uint32_t>(n);
+  } else if (key == "encrypt.iterations") {
+    if (!absl::SimpleAtoi(v, &n) || n < 1000 || n > (1u << 30)) {
+      return BadValue(key, v, "a PBKDF2 count of at least 1000");
+    }
+    o->encrypt.iterations = static_cast<uint32_t>(n);
   } else if (key == "format") {
     if (v == "qcow2") {
       o->format = qcow2::ImageFormat::kQcow2;
@@ -167,7 +207,7 @@ absl::Status ApplyCreateOption(absl::string_view key, absl::string_view v,
         "unknown option '", key,
         "' (known: cluster_size, compat, extended_l2, lazy_refcounts, "
         "refcount_bits, compression_type, preallocation, backing_fmt, "
-        "backing_file, size, format)"));
+        "backing_file, size, format, encrypt.*)"));
   }
   return absl::OkStatus();
 }
@@ -206,6 +246,8 @@ absl::Status ApplyOpenOption(absl::string_view key, absl::string_view v,
   } else if (key == "locking") {
     if (!ParseSwitch(v, &b)) return BadValue(key, v, "on or off");
     o->lock = b;
+  } else if (key == "key-secret-file") {
+    return ReadSecretFile(key, v, &o->key_secret);
   } else if (key == "max-chain") {
     if (!absl::SimpleAtoi(v, &n) || n == 0 || n > 4096) {
       return BadValue(key, v, "a depth from 1 to 4096");
@@ -216,7 +258,7 @@ absl::Status ApplyOpenOption(absl::string_view key, absl::string_view v,
         "unknown option '", key,
         "' (known: read-only, format, direct, cache-size, "
         "refcount-cache-size, backing, backing-root, force-share, locking, "
-        "no-flush, max-chain)"));
+        "no-flush, max-chain, key-secret-file)"));
   }
   return absl::OkStatus();
 }
@@ -347,8 +389,9 @@ int qcow2_image_create(const char* path, const char* backing, uint64_t size,
   if (backing != nullptr) opts.backing_file = backing;
   absl::Status s = qcow2::c_api::ParseCreateOptions(
       options, absl::StrCat("creating ", path), &opts);
-  if (!s.ok()) return Report(s, errptr);
-  return Report(qcow2::CreateImage(path, opts), errptr);
+  if (s.ok()) s = qcow2::CreateImage(path, opts);
+  qcow2::internal::WipeString(&opts.encrypt.key_secret);
+  return Report(s, errptr);
 }
 
 qcow2_image_t* qcow2_image_open(const char* path, int read_write,
@@ -374,8 +417,12 @@ int qcow2_image_open_ex(const char* path, const char* options,
   qcow2::OpenOptions opts;
   absl::Status s = qcow2::c_api::ParseOpenOptions(
       options, absl::StrCat("opening ", path), &opts);
-  if (!s.ok()) return Report(s, errptr);
+  if (!s.ok()) {
+    qcow2::internal::WipeString(&opts.key_secret);
+    return Report(s, errptr);
+  }
   auto image = qcow2::Image::Open(path, opts);
+  qcow2::internal::WipeString(&opts.key_secret);
   if (!image.ok()) return Report(image.status(), errptr);
   *out = new qcow2_image_t{std::move(*image)};
   return 0;

@@ -6,11 +6,15 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 #include <system_error>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "lib/chain/chain.h"
+#include "lib/crypto/luks_keys.h"
+#include "lib/crypto/secure_buffer.h"
+#include "lib/format/crypto_ext.h"
 #include "lib/format/entries.h"
 #include "lib/format/header.h"
 #include "lib/driver/qcow2_layer.h"
@@ -76,6 +80,17 @@ absl::Status ValidateCreate(const std::string& path, const CreateOptions& o) {
   }
   if (o.backing_file.size() > kMaxBackingFileNameSize) {
     return Invalid(path, "backing file name is longer than 1023 bytes");
+  }
+  if (!o.encrypt.format.empty()) {
+    if (o.encrypt.format != "luks") {
+      return Invalid(path, absl::StrCat(
+          "encrypt.format=", o.encrypt.format,
+          " is not supported (luks is; legacy aes images are refused as "
+          "QEMU 7.2's emulators refuse them)"));
+    }
+    if (o.encrypt.key_secret.empty()) {
+      return Invalid(path, "Parameter 'encrypt.key-secret' is required for cipher");
+    }
   }
   if (!o.backing_format.empty() && o.backing_format != "qcow2" &&
       o.backing_format != "raw") {
@@ -152,6 +167,32 @@ absl::Status CreateQcow2(File* file, const std::string& path,
   if (!o.backing_format.empty()) h.backing_format = o.backing_format;
 
   const uint64_t cs = o.cluster_size;
+  // LUKS: the area (header and key slots) in the clusters after the L1
+  // table, as QEMU 7.2 places it.
+  std::optional<LuksArea> luks;
+  if (o.encrypt.format == "luks") {
+    LuksCreateOptions lo;
+    lo.cipher_alg = o.encrypt.cipher_alg;
+    lo.cipher_mode = o.encrypt.cipher_mode;
+    lo.ivgen_alg = o.encrypt.ivgen_alg;
+    lo.ivgen_hash_alg = o.encrypt.ivgen_hash_alg;
+    lo.hash_alg = o.encrypt.hash_alg;
+    lo.iter_time_ms = o.encrypt.iter_time_ms;
+    lo.slot_iterations = o.encrypt.iterations;
+    lo.digest_iterations = o.encrypt.iterations;
+    auto area = CreateLuks(
+        lo, absl::MakeConstSpan(
+                reinterpret_cast<const uint8_t*>(o.encrypt.key_secret.data()),
+                o.encrypt.key_secret.size()));
+    if (!area.ok()) {
+      return absl::Status(area.status().code(),
+                          absl::StrCat(path, ": ", area.status().message()));
+    }
+    luks.emplace(std::move(area).value());
+    h.crypt_method = kCryptLuks;
+  }
+  const uint64_t area_clusters =
+      luks ? DivRoundUp(uint64_t{luks->bytes.size()}, cs) : 0;
   h.l1_size = static_cast<uint32_t>(
       RequiredL1Entries(size, h.cluster_bits, h.l2_entry_size()));
   if (uint64_t{h.l1_size} * 8 > kMaxL1Bytes) {
@@ -166,7 +207,7 @@ absl::Status CreateQcow2(File* file, const std::string& path,
       std::max<uint64_t>(1, DivRoundUp(uint64_t{h.l1_size} * 8, cs));
   uint64_t table_clusters = 1, blocks = 1;
   while (true) {
-    uint64_t total = 1 + table_clusters + blocks + l1_clusters;
+    uint64_t total = 1 + table_clusters + blocks + l1_clusters + area_clusters;
     uint64_t need_blocks = DivRoundUp(total, block_entries);
     uint64_t need_table = DivRoundUp(need_blocks * 8, cs);
     if (need_blocks <= blocks && need_table <= table_clusters) break;
@@ -176,10 +217,16 @@ absl::Status CreateQcow2(File* file, const std::string& path,
   if (table_clusters * cs > kMaxRefcountTableBytes) {
     return Invalid(path, "image metadata would exceed the refcount limits");
   }
-  const uint64_t total = 1 + table_clusters + blocks + l1_clusters;
+  const uint64_t total =
+      1 + table_clusters + blocks + l1_clusters + area_clusters;
   h.refcount_table_offset = cs;
   h.refcount_table_clusters = static_cast<uint32_t>(table_clusters);
   h.l1_table_offset = (1 + table_clusters + blocks) * cs;
+  const uint64_t area_offset = h.l1_table_offset + l1_clusters * cs;
+  if (luks) {
+    h.other_extensions.push_back(
+        EncodeCryptoExtension({area_offset, luks->bytes.size()}));
+  }
 
   // Refcount table and blocks.
   std::vector<uint8_t> table(table_clusters * cs, 0);
@@ -202,7 +249,14 @@ absl::Status CreateQcow2(File* file, const std::string& path,
   std::vector<uint8_t> l1(
       device ? l1_clusters * cs : uint64_t{h.l1_size} * 8, 0);
   RETURN_IF_ERROR(file->WriteAt(h.l1_table_offset, l1));
-  RETURN_IF_ERROR(file->Truncate(h.l1_table_offset + l1.size()));
+  if (!luks) {
+    RETURN_IF_ERROR(file->Truncate(h.l1_table_offset + l1.size()));
+    return file->Flush();
+  }
+  std::vector<uint8_t> area(area_clusters * cs, 0);
+  std::copy(luks->bytes.begin(), luks->bytes.end(), area.begin());
+  RETURN_IF_ERROR(file->WriteAt(area_offset, area));
+  RETURN_IF_ERROR(file->Truncate(area_offset + area.size()));
   return file->Flush();
 }
 
@@ -236,7 +290,10 @@ absl::Status WriteNewImage(std::unique_ptr<File> file, const std::string& path,
   oo.read_write = true;
   oo.open_backing = false;
   oo.format = "qcow2";
-  ASSIGN_OR_RETURN(auto layer, Qcow2Layer::Open(std::move(file), oo));
+  oo.key_secret = opts.encrypt.key_secret;
+  auto opened = Qcow2Layer::Open(std::move(file), oo);
+  WipeString(&oo.key_secret);
+  ASSIGN_OR_RETURN(auto layer, std::move(opened));
   RETURN_IF_ERROR(layer->writer().Preallocate(opts.preallocation));
   return layer->Close();
 }

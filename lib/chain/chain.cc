@@ -11,6 +11,7 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "lib/crypto/secure_buffer.h"
 #include "lib/io/accounted_file.h"
 #include "lib/io/io_plan.h"
 #include "lib/format/header.h"
@@ -118,10 +119,17 @@ absl::StatusOr<std::unique_ptr<Chain>> Chain::Open(std::unique_ptr<File> top,
   ASSIGN_OR_RETURN(auto layer, OpenLayer(std::move(top), opts.format, opts));
   chain->writable_ = opts.read_write;
   chain->opts_ = opts;
+  // The key secret is not kept once every layer is unlocked (reopening an
+  // encrypted layer later needs it again from the caller).
+  WipeString(&chain->opts_.key_secret);
   chain->layers_.push_back(std::move(layer));
 
   OpenOptions backing_opts = opts;
   backing_opts.read_write = false;
+  struct Wiper {
+    std::string* s;
+    ~Wiper() { WipeString(s); }
+  } wipe_backing{&backing_opts.key_secret};
   while (opts.open_backing) {
     Layer* cur = chain->layers_.back().get();
     std::string name = cur->backing_file();
@@ -389,6 +397,10 @@ absl::StatusOr<BlockStatus> Chain::BlockStatusAt(uint64_t offset,
     bs.depth = d;
     ASSIGN_OR_RETURN(Extent e, layer->MapStatus(offset, len));
     len = e.length;
+    // Encrypted clusters have no offset where their bytes could be read
+    // as they are (QEMU's map leaves it out too).
+    const bool offsets =
+        layer->AsQcow2() == nullptr || layer->AsQcow2()->luks() == nullptr;
     switch (e.kind) {
       case Extent::kUnallocated: {
         // Go down while the layer below covers the range; past its end (or
@@ -401,20 +413,20 @@ absl::StatusOr<BlockStatus> Chain::BlockStatusAt(uint64_t offset,
         }
         bs.length = len;
         bs.zero = true;
-        if (e.has_host_cluster) bs.host_offset = e.host_offset;
+        if (e.has_host_cluster && offsets) bs.host_offset = e.host_offset;
         return bs;
       }
       case Extent::kZero:
         bs.length = len;
         bs.present = true;
         bs.zero = true;
-        if (e.has_host_cluster) bs.host_offset = e.host_offset;
+        if (e.has_host_cluster && offsets) bs.host_offset = e.host_offset;
         return bs;
       case Extent::kData:
         bs.length = len;
         bs.present = true;
         bs.data = true;
-        bs.host_offset = e.host_offset;
+        if (offsets) bs.host_offset = e.host_offset;
         return bs;
       case Extent::kCompressed:
         bs.length = len;

@@ -39,6 +39,7 @@
 #include "lib/base/math.h"
 #include "lib/base/status_macros.h"
 #include "lib/check/check_internal.h"
+#include "lib/format/crypto_ext.h"
 #include "lib/format/entries.h"
 #include "lib/format/header.h"
 
@@ -226,8 +227,10 @@ absl::StatusOr<CheckResult> CheckOnce(File* file, RepairMode mode) {
     RETURN_IF_ERROR(file->ReadAt(0, absl::MakeSpan(c0)));
   }
   ASSIGN_OR_RETURN(Header h, DecodeHeader(c0, name));
-  RETURN_IF_ERROR(CheckFeatures(h, name));
+  // LUKS: the check reads metadata only, and needs no key.
+  RETURN_IF_ERROR(CheckFeatures(h, name, /*luks_ok=*/true));
   RETURN_IF_ERROR(ValidateForCheck(h, name));
+  RETURN_IF_ERROR(DecodeCryptoExtension(h, size, name).status());
   const uint64_t clusters = DivRoundUp(size, h.cluster_size());
   if (clusters > kMaxCheckClusters) {
     return absl::ResourceExhaustedError(absl::StrCat(

@@ -17,6 +17,7 @@
 #include "lib/base/status_macros.h"
 #include "lib/check/check_internal.h"
 #include "lib/format/entries.h"
+#include "lib/format/crypto_ext.h"
 #include "lib/format/header.h"
 
 namespace qcow2::internal::check_detail {
@@ -375,6 +376,13 @@ absl::Status ReferenceScan::Calculate(RepairMode fix, bool refcount_structures,
   s_.rejected.clear();
   s_.rejected_overflow = false;
   RETURN_IF_ERROR(Inc(res, 0, s_.cs, kMetaHeader));
+  // The LUKS area of an encrypted image (validated at open), as QEMU
+  // counts it: referenced, never a leak, never freed by a repair.
+  ASSIGN_OR_RETURN(std::optional<CryptoExtension> crypto,
+                   DecodeCryptoExtension(s_.h, s_.file_size, s_.file->name()));
+  if (crypto.has_value()) {
+    RETURN_IF_ERROR(Inc(res, crypto->offset, crypto->length, kMetaHeader));
+  }
   RETURN_IF_ERROR(CheckL1(res, s_.h.l1_table_offset, s_.h.l1_size, true, fix));
   for (const Snapshot& sn : table_.snapshots()) {
     if (!IsAligned(sn.l1_offset, s_.cs)) {

@@ -15,10 +15,11 @@
 #include "absl/types/span.h"
 #include "lib/crypto/luks_header.h"
 #include "lib/crypto/sector_cipher.h"
+#include "lib/io/data_cipher.h"
 
 namespace qcow2::internal {
 
-class LuksVolume {
+class LuksVolume final : public DataCipher {
  public:
   // Parses and validates the header in `area`, unlocks a key slot with
   // `secret` (see UnlockLuks for the errors) and keys the payload cipher.
@@ -31,8 +32,10 @@ class LuksVolume {
   // In place, for data at `host_offset` in the image file. REQUIRES (else
   // kInvalidArgument): host_offset and data.size() multiples of 512.
   // Thread-safe.
-  absl::Status Decrypt(uint64_t host_offset, absl::Span<uint8_t> data) const;
-  absl::Status Encrypt(uint64_t host_offset, absl::Span<uint8_t> data) const;
+  absl::Status Decrypt(uint64_t host_offset,
+                       absl::Span<uint8_t> data) const override;
+  absl::Status Encrypt(uint64_t host_offset,
+                       absl::Span<uint8_t> data) const override;
 
   const LuksHeader& header() const { return header_; }
 

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <utility>
 
 #include "absl/types/span.h"
@@ -58,6 +59,13 @@ class SecureBuffer {
   std::unique_ptr<uint8_t[]> data_;
   size_t size_ = 0;
 };
+
+// Overwrites a string that held a secret (a copy of OpenOptions::
+// key_secret) and empties it.
+inline void WipeString(std::string* s) {
+  if (!s->empty()) explicit_bzero(s->data(), s->size());
+  s->clear();
+}
 
 }  // namespace qcow2::internal
 

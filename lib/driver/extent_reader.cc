@@ -210,7 +210,8 @@ absl::Status ExtentReader::PlanCompressedRead(uint64_t entry, uint64_t offset,
   const CompressedExtent c = DecodeCompressed(entry, g.cluster_bits);
   uint8_t* in = plan->Buffer(c.length);
   uint8_t* cluster = plan->Buffer(g.cluster_size);
-  plan->Read(s_->file.get(), c.host_offset, in, c.length, category);
+  plan->Read(s_->file.get(), c.host_offset, in, c.length, category,
+             /*plain=*/true);
   plan->decompressed.push_back({this, entry, cluster});
   const auto type = static_cast<CompressionType>(s_->header.compression_type);
   const uint64_t cs = g.cluster_size;

@@ -189,7 +189,7 @@ absl::Status PendingClusters::PlanPendingWrite(uint64_t cluster,
     found = &index_->Add(cluster);
     found->ref = std::move(ref);
     found->host = fresh;
-    found->virgin = (fresh >> g.cluster_bits) >= end_before;
+    found->virgin = !s_->encrypted && (fresh >> g.cluster_bits) >= end_before;
   }
   PendingCluster& p = *found;
   const uint64_t unit = in_cluster / kFineLockBytes;

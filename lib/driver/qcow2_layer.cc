@@ -12,6 +12,7 @@
 #include "lib/base/status_macros.h"
 #include "lib/check/check.h"
 #include "lib/format/entries.h"
+#include "lib/io/accounted_file.h"
 #include "lib/format/snapshot_table.h"
 
 namespace qcow2::internal {
@@ -109,8 +110,18 @@ absl::StatusOr<std::unique_ptr<Qcow2Layer>> Qcow2Layer::Open(
   ASSIGN_OR_RETURN(uint64_t file_size, file->Size());
   ASSIGN_OR_RETURN(std::vector<uint8_t> c0, ReadCluster0(file.get()));
   ASSIGN_OR_RETURN(Header h, DecodeHeader(c0, name));
-  RETURN_IF_ERROR(CheckFeatures(h, name));
+  RETURN_IF_ERROR(CheckFeatures(h, name, /*luks_ok=*/true));
   RETURN_IF_ERROR(ValidateHeaderTables(h, file_size, name));
+  // Unlocked before anything is written (a dirty image's rebuild below):
+  // a missing or wrong secret leaves the file untouched.
+  OpenedLuks luks;
+  if (h.crypt_method == kCryptLuks) {
+    ASSIGN_OR_RETURN(luks, OpenLuks(file.get(), h, file_size, opts.key_secret, name));
+    file = AccountedFile::Wrap(std::move(file));
+    auto* accounted = dynamic_cast<AccountedFile*>(file.get());
+    if (accounted == nullptr) return absl::InternalError("no AccountedFile");
+    accounted->set_cipher(luks.volume.get());
+  }
   if (opts.read_write && (h.incompatible_features & kIncompatDirty) &&
       !(h.incompatible_features & kIncompatCorrupt)) {
     // Lazy refcounts and no clean close: refcounts may be stale. Rebuild
@@ -145,7 +156,9 @@ absl::StatusOr<std::unique_ptr<Qcow2Layer>> Qcow2Layer::Open(
 
   auto layer = std::unique_ptr<Qcow2Layer>(
       new Qcow2Layer(std::move(file), std::move(h), file_size));
+  layer->luks_ = std::move(luks);
   Qcow2State& s = layer->state_;
+  s.encrypted = layer->luks_.volume != nullptr;
   const Header& hh = s.header;
   Geometry g = Geometry::From(hh, opts.l2_slice_bytes);
   s.map = std::make_unique<ClusterMap>(s.meta.get(), name, g, std::move(l1),
@@ -157,6 +170,12 @@ absl::StatusOr<std::unique_ptr<Qcow2Layer>> Qcow2Layer::Open(
       std::max<uint64_t>(AlignUp(file_size, g.cluster_size), g.cluster_size));
   if (opts.read_write) {
     RETURN_IF_ERROR(OpenForWriting(&s, &layer->header_writer_, opts));
+    if (layer->luks()) {
+      // The LUKS area: never allocated, never written with guest data.
+      const CryptoExtension& ext = layer->luks_.ext;
+      s.metadata->Add(MetadataSet::kHeader, ext.offset,
+                      ext.clusters(hh.cluster_size()) * hh.cluster_size());
+    }
     // Bitmaps are marked in use before any guest write can reach the file.
     RETURN_IF_ERROR(layer->bitmaps_.OpenForWriting());
   }

@@ -36,6 +36,7 @@
 #include "lib/driver/flush_sequencer.h"
 #include "lib/driver/header_writer.h"
 #include "lib/driver/host_space.h"
+#include "lib/driver/luks_open.h"
 #include "lib/driver/metadata_guard.h"
 #include "lib/driver/pending_clusters.h"
 #include "lib/driver/pending_index.h"
@@ -112,6 +113,10 @@ class Qcow2Layer : public Layer {
   HeaderWriter& header_writer() { return header_writer_; }
   const MetadataGuard& guard() const { return guard_; }
   DirtyBitmaps& bitmaps() { return bitmaps_; }
+  // The unlocked LUKS layer of an encrypted image (crypt_method 2), or
+  // null. Its cipher is attached to file(): data-cluster IoOps on it are
+  // encrypted and decrypted by the executors (lib/io/data_cipher.h).
+  const OpenedLuks* luks() const { return luks_.volume ? &luks_ : nullptr; }
 
  private:
   Qcow2Layer(std::unique_ptr<File> file, Header header, uint64_t file_size)
@@ -135,6 +140,7 @@ class Qcow2Layer : public Layer {
   // looks at the pending index). The parts go before the state on
   // destruction, so the L2 slices pending clusters pin are let go of
   // before the map.
+  OpenedLuks luks_;             // outlives the file it is attached to
   Qcow2State state_;            // what the parts share
   MetadataGuard guard_;         // entry and write-target checks
   HeaderWriter header_writer_;  // header fields, dirty and corrupt bits

@@ -49,6 +49,10 @@ struct Qcow2State {
   std::unique_ptr<Refcounts> refcounts;  // writable layers only
   bool writable = false;                 // opened read-write, not corrupt
   bool lazy_refcounts = false;           // the compatible feature bit
+  // LUKS-encrypted (its data goes through a cipher, lib/io/data_cipher.h):
+  // zeros in the file do not read as zeros, so a never-written cluster's
+  // padding must be written too.
+  bool encrypted = false;
   bool closed = false;                   // Close() succeeded
   bool marked_corrupt = false;  // by HeaderWriter::Fail; caches abandoned
   // The next free byte of the host cluster that compressed clusters are

@@ -197,7 +197,8 @@ absl::Status WritePlanner::PlanWriteCluster(uint64_t cluster,
   // A cluster past everything the file ever held reads as zeros on disk.
   const uint64_t end_before = s_->refcounts->end_cluster();
   ASSIGN_OR_RETURN(uint64_t fresh, s_->refcounts->Allocate(1));
-  const bool virgin = (fresh >> g.cluster_bits) >= end_before;
+  const bool virgin =
+      !s_->encrypted && (fresh >> g.cluster_bits) >= end_before;
   Count(&IoStats::cluster_allocations);
   plan->aborts.push_back([this, fresh] {
     s_->refcounts->Update(fresh, s_->geometry().cluster_size, -1).IgnoreError();

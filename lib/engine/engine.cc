@@ -24,6 +24,10 @@ Engine::Engine(std::unique_ptr<Chain> chain)
     : chain_(std::move(chain)), writable_(chain_->writable()) {
   MutexLock lock(&mu_);
   SetLockGeometry(chain_.get(), &locks_);
+  for (int i = 0; i < chain_->length(); ++i) {
+    Qcow2Layer* q = chain_->layer(i)->AsQcow2();
+    if (q != nullptr && q->luks() != nullptr) encrypted_ = true;
+  }
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Open(
@@ -42,6 +46,14 @@ absl::Status Engine::CheckLocked(const Request& r) const {
   if (chain_->closed()) return chain_->ClosedError();
   if (r.is_flush()) return absl::OkStatus();
   if (!r.is_read()) RETURN_IF_ERROR(chain_->CheckWritable());
+  if (encrypted_ && ((r.offset | r.len) & 511) != 0) {
+    // The cipher works on whole 512-byte sectors (QEMU's request
+    // alignment for encrypted qcow2); we do not read-modify-write.
+    return absl::InvalidArgumentError(absl::StrCat(
+        chain_->layer(0)->filename(), ": request at ", r.offset, " (", r.len,
+        " bytes) is not in whole 512-byte sectors, as I/O to a chain with "
+        "an encrypted image must be"));
+  }
   return chain_->CheckRange(r.offset, r.len);
 }
 

@@ -325,6 +325,9 @@ class Engine {
   mutable Mutex mu_;
   const std::unique_ptr<Chain> chain_ ABSL_PT_GUARDED_BY(mu_);
   const bool writable_;
+  // A layer of the chain is LUKS-encrypted (at open): requests must be
+  // in whole 512-byte sectors.
+  bool encrypted_ = false;
   // Requests holding or waiting for guest ranges, in arrival order.
   RangeLockTable locks_ ABSL_GUARDED_BY(mu_);
   // Deferred misses being read.

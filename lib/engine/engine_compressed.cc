@@ -27,6 +27,13 @@ absl::Status Engine::PrepareCompressed(Request* r) {
           chain_->layer(0)->filename(),
           ": compression is not supported for this file format (raw)"));
     }
+    if (top->luks() != nullptr) {
+      // QEMU 7.2 would store the cluster unencrypted (qemu-io write -c);
+      // its qemu-img convert refuses compression with encryption, as we do.
+      return absl::FailedPreconditionError(absl::StrCat(
+          top->filename(), ": compressed writes to an encrypted image are "
+          "refused (the cluster would be stored unencrypted)"));
+    }
     cluster_size = top->header().cluster_size();
     type = static_cast<CompressionType>(top->header().compression_type);
     r->compressed_for = top;

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "lib/io/data_cipher.h"
 #include "lib/io/ring.h"
 #include "lib/io/ring_file.h"
 
@@ -274,13 +275,30 @@ void QueueImpl::Issue(Request* r, IoOp* op, OpType type) {
   op->request = r;
   op->type = OpCode(type);
   op->fd = -1;
-  if (ring_.ok()) {
+  // Data of an encrypted file (data_cipher.h): a write goes on the ring
+  // from an encrypted bounce (never the caller's buffer), a read is
+  // decrypted when it completes (OnComplete); zero-range ops and what
+  // cannot bounce run synchronously (RunOp encrypts them).
+  const DataCipher* cipher = type == OpType::kFlush ? nullptr : CipherOf(*op);
+  if (ring_.ok() && (cipher == nullptr || !op->zero_range)) {
     if (RingFile* rf = op->file->ring_file()) {
       // A no-flush file's flush is done at once, below.
-      if (type == OpType::kFlush
-              ? !rf->ring_skips_flush()
-              : AlignedFor(*op, rf->ring_alignment()) ||
-                    StartBounce(op, rf->ring_alignment())) {
+      if (type == OpType::kFlush) {
+        if (!rf->ring_skips_flush()) op->fd = rf->ring_fd();
+      } else if (cipher != nullptr && type == OpType::kWrite) {
+        if (StartBounce(op, std::max<uint32_t>(rf->ring_alignment(), 512))) {
+          absl::Status s = cipher->Encrypt(
+              op->offset,
+              absl::MakeSpan(static_cast<uint8_t*>(op->bounce), op->bytes));
+          if (!s.ok()) {
+            EndBounce(op, false);
+            Fail(r, std::move(s));
+            return;
+          }
+          op->fd = rf->ring_fd();
+        }
+      } else if (AlignedFor(*op, rf->ring_alignment()) ||
+                 StartBounce(op, rf->ring_alignment())) {
         op->fd = rf->ring_fd();
       }
     }
@@ -380,7 +398,23 @@ void QueueImpl::OnComplete(IoOp* op, int res) {
     }
     if (r->status.ok()) CountIo(*op, op->type == kOpWrite, &r->stats);
   }
-  EndBounce(op, op->type == kOpRead && res >= 0);
+  bool copy_out = op->type == kOpRead && res >= 0;
+  if (copy_out) {
+    if (const DataCipher* c = CipherOf(*op)) {
+      // In the bounce (one contiguous buffer) before it is copied out.
+      absl::Status s =
+          op->bounce != nullptr
+              ? c->Decrypt(op->offset, absl::MakeSpan(
+                                           static_cast<uint8_t*>(op->bounce),
+                                           op->bytes))
+              : DecryptIov(*c, op->offset, op->iov);
+      if (!s.ok()) {
+        Fail(r, std::move(s));
+        copy_out = false;
+      }
+    }
+  }
+  EndBounce(op, copy_out);
   OpDone(r);
 }
 

@@ -280,7 +280,8 @@ absl::StatusOr<Header> DecodeHeader(absl::Span<const uint8_t> c0,
   return h;
 }
 
-absl::Status CheckFeatures(const Header& h, const std::string& filename) {
+absl::Status CheckFeatures(const Header& h, const std::string& filename,
+                           bool luks_ok) {
   uint64_t unknown = h.incompatible_features & ~kIncompatKnown;
   if (unknown != 0) {
     int bit = __builtin_ctzll(unknown);
@@ -300,9 +301,9 @@ absl::Status CheckFeatures(const Header& h, const std::string& filename) {
         "it with `qemu-img convert --object secret,...` to an unencrypted or "
         "LUKS-encrypted image"));
   }
-  if (h.crypt_method != 0) {
-    // LUKS (2): lib/crypto parses and unlocks it; reads and writes wait
-    // for the driver's integration.
+  if (h.crypt_method != 0 && !(luks_ok && h.crypt_method == 2)) {
+    // LUKS (2): the driver unlocks it with a key (lib/crypto); code that
+    // would touch guest data without one (amend) refuses it.
     return absl::UnimplementedError(absl::StrCat(
         filename, ": encrypted images are not supported (crypt_method ",
         h.crypt_method, h.crypt_method == 2 ? ", LUKS" : ", unknown method",

@@ -131,7 +131,10 @@ absl::Status ValidateHeaderTables(const Header& h, uint64_t file_size,
 
 // Policy on feature bits when opening: unknown incompatible bits and
 // unsupported features are refused with kUnimplemented naming them.
-absl::Status CheckFeatures(const Header& h, const std::string& filename);
+// `luks_ok`: the caller handles LUKS encryption (crypt_method 2: the
+// driver with a key, the checker); others refuse it.
+absl::Status CheckFeatures(const Header& h, const std::string& filename,
+                           bool luks_ok = false);
 
 // Serialises the header, its extensions and the backing file name into one
 // cluster. Fails if they do not fit.

@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "lib/io/data_cipher.h"
 #include "lib/io/forwarding_file.h"
 #include "qcow2/file.h"
 
@@ -35,6 +36,7 @@ namespace qcow2::internal {
 class AccountedFile final : public ForwardingFile {
  public:
   explicit AccountedFile(std::unique_ptr<File> base);
+  ~AccountedFile() override { set_cipher(nullptr); }
 
   AccountedFile(const AccountedFile&) = delete;
   AccountedFile& operator=(const AccountedFile&) = delete;
@@ -62,6 +64,20 @@ class AccountedFile final : public ForwardingFile {
                                uint64_t* len) override;
   // The file beneath's: the ring's I/O is counted by the ring itself.
   RingFile* ring_file() override { return inner()->ring_file(); }
+
+  // The cipher of this file's data clusters (data_cipher.h), or null. Not
+  // owned; set once when an encrypted layer opens, before any I/O, and
+  // cleared (null) before the cipher dies.
+  void set_cipher(const DataCipher* c) {
+    if ((cipher_ == nullptr) != (c == nullptr)) {
+      NoteCipherAttached(c != nullptr ? 1 : -1);
+    }
+    cipher_ = c;
+  }
+  const DataCipher* cipher() const { return cipher_; }
+
+ private:
+  const DataCipher* cipher_ = nullptr;
 };
 
 // The innermost file under any AccountedFile wrappers: code that needs the

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "lib/base/status_macros.h"
+#include "lib/io/data_cipher.h"
 
 namespace qcow2::internal {
 
@@ -27,11 +28,11 @@ uint8_t* IoPlan::Buffer(size_t len) {
 }
 
 void IoPlan::Read(File* file, uint64_t offset, uint8_t* dest, size_t len,
-                  IoCategory category) {
+                  IoCategory category, bool plain) {
   if (len == 0) return;
   if (!reads.empty()) {
     IoOp& last = reads.back();
-    if (last.file == file && last.category == category &&
+    if (last.file == file && last.category == category && last.plain == plain &&
         last.offset + last.bytes == offset && last.iov.size() < kMaxIov) {
       iovec& tail = last.iov.back();
       if (static_cast<uint8_t*>(tail.iov_base) + tail.iov_len == dest) {
@@ -47,6 +48,7 @@ void IoPlan::Read(File* file, uint64_t offset, uint8_t* dest, size_t len,
   op.file = file;
   op.offset = offset;
   op.category = category;
+  op.plain = plain;
   op.Add(dest, len);
   reads.push_back(std::move(op));
 }
@@ -196,7 +198,65 @@ void CountIo(const IoOp& op, bool write, IoStats* stats) {
   }
 }
 
+namespace {
+
+// RunOp for data of an encrypted file: written from an encrypted copy
+// (zeros too: a zeroed range must read back as zeros through the cipher),
+// read and then decrypted in place.
+absl::Status RunCipherOp(IoOp& op, bool write, const DataCipher& c) {
+  if (!write) {
+    absl::Status s = op.iov.size() == 1
+        ? op.file->ReadAt(op.offset,
+                          absl::MakeSpan(static_cast<uint8_t*>(op.iov[0].iov_base),
+                                         op.iov[0].iov_len))
+        : op.file->ReadvAt(op.offset, op.iov);
+    if (s.ok()) s = DecryptIov(c, op.offset, op.iov);
+    if (s.ok()) op.done = op.bytes;
+    return s;
+  }
+  // In pieces of at most 1 MiB (a long zero-range op).
+  constexpr uint64_t kPiece = 1u << 20;
+  IoPlan scratch;
+  uint8_t* buf = scratch.Buffer(std::min<uint64_t>(op.bytes, kPiece));
+  if (!op.zero_range && op.bytes <= kPiece) {
+    RETURN_IF_ERROR(EncryptOpInto(c, op, buf));
+    RETURN_IF_ERROR(op.file->WriteAt(op.offset, absl::MakeConstSpan(buf, op.bytes)));
+    op.done = op.bytes;
+    return absl::OkStatus();
+  }
+  for (uint64_t at = 0; at < op.bytes; at += kPiece) {
+    const uint64_t n = std::min<uint64_t>(kPiece, op.bytes - at);
+    IoOp piece;
+    piece.offset = op.offset + at;
+    piece.bytes = n;
+    piece.zero_range = op.zero_range;
+    if (!op.zero_range) {
+      // The iovecs of [at, at + n) of op.
+      uint64_t want = n, pos = 0;
+      for (const iovec& v : op.iov) {
+        if (pos + v.iov_len <= at) {
+          pos += v.iov_len;
+          continue;
+        }
+        const uint64_t into = at > pos ? at - pos : 0;
+        const uint64_t take = std::min<uint64_t>(v.iov_len - into, want);
+        piece.iov.push_back({static_cast<uint8_t*>(v.iov_base) + into, take});
+        want -= take;
+        pos += v.iov_len;
+        if (want == 0) break;
+      }
+    }
+    RETURN_IF_ERROR(EncryptOpInto(c, piece, buf));
+    RETURN_IF_ERROR(op.file->WriteAt(piece.offset, absl::MakeConstSpan(buf, n)));
+  }
+  op.done = op.bytes;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status RunOp(IoOp& op, bool write) {
+  if (const DataCipher* c = CipherOf(op)) return RunCipherOp(op, write, *c);
   absl::Status s;
   if (op.zero_range) {
     s = op.file->WriteZeroes(op.offset, op.bytes);

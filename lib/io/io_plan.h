@@ -39,6 +39,10 @@ struct IoOp {
   IoCategory category = IoCategory::kGuestData;
   // A write of `bytes` zeros with a zero-range call (no iovecs).
   bool zero_range = false;
+  // Bytes stored as they are even in an encrypted file, never through its
+  // cipher (data_cipher.h): compressed clusters, which QEMU 7.2 writes
+  // unencrypted into LUKS images (qemu-io write -c does).
+  bool plain = false;
   // Executor state: progress (short transfers are resubmitted), the
   // request, the kind of operation, and the iovecs still to do.
   uint64_t done = 0;
@@ -95,7 +99,7 @@ class IoPlan {
   // Adds a read of `len` bytes at `offset` of `file` into `dest`, merged
   // with the previous read when it continues it.
   void Read(File* file, uint64_t offset, uint8_t* dest, size_t len,
-            IoCategory category);
+            IoCategory category, bool plain = false);
 
   // Merges writes that continue each other in the same file into single
   // vectored operations.
