@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "lib/io/data_cipher.h"
+#include "lib/io/io_plan.h"
 #include "lib/io/ring.h"
 #include "lib/io/ring_file.h"
 

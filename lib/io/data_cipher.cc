@@ -5,9 +5,6 @@
 #include <cstring>
 #include <vector>
 
-#include "lib/io/accounted_file.h"
-#include "lib/io/io_plan.h"
-
 namespace qcow2::internal {
 
 namespace {
@@ -19,13 +16,8 @@ void NoteCipherAttached(int delta) {
   attached.fetch_add(delta, std::memory_order_relaxed);
 }
 
-const DataCipher* CipherOf(const IoOp& op) {
-  if (attached.load(std::memory_order_relaxed) == 0) return nullptr;
-  if (op.category == IoCategory::kMetadata || op.plain || op.file == nullptr) {
-    return nullptr;
-  }
-  const auto* f = dynamic_cast<const AccountedFile*>(op.file);
-  return f != nullptr ? f->cipher() : nullptr;
+bool AnyCipherAttached() {
+  return attached.load(std::memory_order_relaxed) != 0;
 }
 
 absl::Status DecryptIov(const DataCipher& c, uint64_t host_offset,
@@ -64,19 +56,6 @@ absl::Status DecryptIov(const DataCipher& c, uint64_t host_offset,
   }
   explicit_bzero(buf.data(), buf.size());
   return s;
-}
-
-absl::Status EncryptOpInto(const DataCipher& c, const IoOp& op, uint8_t* out) {
-  if (op.zero_range) {
-    std::memset(out, 0, op.bytes);
-  } else {
-    uint8_t* dst = out;
-    for (const iovec& v : op.iov) {
-      std::memcpy(dst, v.iov_base, v.iov_len);
-      dst += v.iov_len;
-    }
-  }
-  return c.Encrypt(op.offset, absl::MakeSpan(out, op.bytes));
 }
 
 }  // namespace qcow2::internal

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "lib/base/status_macros.h"
+#include "lib/io/accounted_file.h"
 #include "lib/io/data_cipher.h"
 
 namespace qcow2::internal {
@@ -16,6 +17,28 @@ constexpr size_t kMaxIov = IOV_MAX;
 }  // namespace
 
 void IoPlan::Free::operator()(uint8_t* p) const { std::free(p); }
+
+const DataCipher* CipherOf(const IoOp& op) {
+  if (!AnyCipherAttached()) return nullptr;
+  if (op.category == IoCategory::kMetadata || op.plain || op.file == nullptr) {
+    return nullptr;
+  }
+  const auto* f = dynamic_cast<const AccountedFile*>(op.file);
+  return f != nullptr ? f->cipher() : nullptr;
+}
+
+absl::Status EncryptOpInto(const DataCipher& c, const IoOp& op, uint8_t* out) {
+  if (op.zero_range) {
+    std::memset(out, 0, op.bytes);
+  } else {
+    uint8_t* dst = out;
+    for (const iovec& v : op.iov) {
+      std::memcpy(dst, v.iov_base, v.iov_len);
+      dst += v.iov_len;
+    }
+  }
+  return c.Encrypt(op.offset, absl::MakeSpan(out, op.bytes));
+}
 
 uint8_t* IoPlan::Buffer(size_t len) {
   void* p = nullptr;

@@ -18,6 +18,7 @@
 #include "absl/types/span.h"
 #include "qcow2/file.h"
 #include "lib/base/io_context.h"
+#include "lib/io/data_cipher.h"
 #include "qcow2/stats.h"
 
 namespace qcow2::internal {
@@ -147,6 +148,15 @@ void MapIntoSegments(std::vector<IoOp>* ops, absl::Span<const iovec> segs);
 
 // Counts a finished I/O into `stats`.
 void CountIo(const IoOp& op, bool write, IoStats* stats);
+
+// The cipher of op's data (lib/io/data_cipher.h), or null: metadata ops,
+// plain ops (compressed clusters), files with none. Costs nothing (no
+// cast) while no file in the process has a cipher.
+const DataCipher* CipherOf(const IoOp& op);
+
+// Copies op's bytes (op.iov; zeros for a zero-range op) into `out`
+// (op.bytes long) and encrypts them there for op.offset.
+absl::Status EncryptOpInto(const DataCipher& c, const IoOp& op, uint8_t* out);
 
 // Carries out one op with blocking calls on its File.
 absl::Status RunOp(IoOp& op, bool write);
