@@ -55,7 +55,8 @@ absl::StatusOr<OpenedLuks> OpenLuks(File* file, const Header& h,
   }
   if (secret.empty() && !metadata_only) {
     return absl::PermissionDeniedError(absl::StrCat(
-        name, ": the image is encrypted (LUKS): its key secret is needed "
+        name, ": Parameter 'encrypt.key-secret' is required for cipher: "
+              "the image is encrypted (LUKS): its key secret is needed "
               "(OpenOptions::key_secret; qcowtool: --object secret,id=ID,... "
               "with encrypt.key-secret=ID)"));
   }
