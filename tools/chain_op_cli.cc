@@ -7,7 +7,7 @@
 namespace qcow2::tool {
 
 void AddChainOptions(OptionParser* parser, bool force_share, ChainArgs* args) {
-  parser->Help().BackingRoot(&args->policy);
+  parser->Help().BackingRoot(&args->policy).Secrets(&args->policy);
   if (force_share) parser->ForceShare(&args->policy);
   parser->Format("", 'f', &args->format)
       .Add("", 'b', OptionParser::Arg::kRequired,
@@ -30,6 +30,10 @@ int ParseChainArgs(int argc, char** argv, OptionParser* parser,
   }
   args->image = operands[0];
   if (args->quiet) args->progress = false;
+  if (absl::Status s = args->policy.ResolveImage(&args->image, &args->format);
+      !s.ok()) {
+    return ReportError(s);
+  }
   args->policy.ApplyTo(&args->opts.open);
   if (absl::Status s = ApplyCacheMode(args->cache, &args->opts.open);
       !s.ok()) {
@@ -39,7 +43,8 @@ int ParseChainArgs(int argc, char** argv, OptionParser* parser,
 }
 
 std::string ChainUsage(std::string_view head, std::string_view exit_line) {
-  return absl::StrCat(std::string(head), kBackingRootHelp, "  -h, --help  show this help\n\n",
+  return absl::StrCat(std::string(head), kBackingRootHelp, kSecretHelp,
+                      "  -h, --help  show this help\n\n",
                       std::string(exit_line));
 }
 

@@ -45,6 +45,10 @@ constexpr char kUsage[] =
     "                 size, at least 4 KiB)\n"
     "  -b FILE        the image holding the --merge source\n"
     "  -F FMT, -f FMT the formats of source_file and FILENAME (qcow2)\n"
+    "  --object secret,id=ID,data=STRING|file=PATH  a secret, for\n"
+    "                 encrypt.key-secret=ID (of FILENAME and source_file)\n"
+    "  --image-opts   FILENAME is driver=qcow2,file.filename=PATH,\n"
+    "                 encrypt.key-secret=ID\n"
     "Exit status (as qemu-img bitmap): 0 success, 1 failure.\n";
 
 enum class Op { kAdd, kRemove, kClear, kEnable, kDisable, kMerge };
@@ -79,6 +83,7 @@ struct Args {
   bool granularity_set = false;
   uint64_t granularity = 0;
   bool add = false;
+  OpenPolicy policy;  // --object, --image-opts
 };
 
 int Fail(const std::string& message) {
@@ -89,8 +94,10 @@ int Fail(const std::string& message) {
 // Opens qcow2 image `path` alone (no backing file), read-write or not,
 // taking the image locks.
 absl::StatusOr<std::unique_ptr<Image>> OpenImage(const std::string& path,
-                                                 bool read_write) {
+                                                 bool read_write,
+                                                 const std::string& secret) {
   OpenOptions oo;
+  oo.key_secret = secret;
   oo.read_write = read_write;
   oo.format = "qcow2";
   oo.open_backing = false;
@@ -136,9 +143,6 @@ int Parse(int argc, char** argv, Args* a) {
       return kGoOn;
     };
   };
-  auto refuse = [](const char* message) {
-    return [message](const char*) { return Fail(message); };
-  };
   OptionParser parser(kUsage);
   parser.OnBadOption(BadOption)
       .Help()
@@ -148,10 +152,7 @@ int Parse(int argc, char** argv, Args* a) {
       .Add("enable", 0, Arg::kNone, action(Op::kEnable))
       .Add("disable", 0, Arg::kNone, action(Op::kDisable))
       .Add("merge", 0, Arg::kRequired, action(Op::kMerge))
-      .Add("object", 0, Arg::kRequired,
-           refuse("--object is not supported (no QEMU objects here)"))
-      .Add("image-opts", 0, Arg::kNone,
-           refuse("--image-opts is not supported"))
+      .Secrets(&a->policy)
       .Add("granularity", 'g', Arg::kRequired,
            [a](const char* v) { return TakeGranularity(v, a); })
       .Text("source-file", 'b', &a->source_file)
@@ -178,6 +179,9 @@ int Parse(int argc, char** argv, Args* a) {
   if (operands.size() != 2) return Fail("Expecting filename and bitmap name");
   a->image = operands[0];
   a->bitmap = operands[1];
+  if (absl::Status s = a->policy.ResolveImage(&a->image, &a->fmt); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
   for (const std::string* f : {&a->fmt, &a->source_fmt}) {
     if (!f->empty() && *f != "qcow2") {
       return Fail(absl::StrCat("Format '", *f,
@@ -215,14 +219,15 @@ int RunBitmap(int argc, char** argv) {
   Args a;
   if (int rc = Parse(argc, argv, &a); rc >= 0) return rc;
   absl::StatusOr<std::unique_ptr<Image>> image =
-      OpenImage(a.image, /*read_write=*/true);
+      OpenImage(a.image, /*read_write=*/true, a.policy.key_secret);
   if (!image.ok()) return Fail(std::string(image.status().message()));
   absl::Status result;
   for (const Action& act : a.actions) {
     std::unique_ptr<Image> source;
     if (act.op == Op::kMerge && !a.source_file.empty()) {
       absl::StatusOr<std::unique_ptr<Image>> src =
-          OpenImage(a.source_file, /*read_write=*/false);
+          OpenImage(a.source_file, /*read_write=*/false,
+                    a.policy.key_secret);
       if (!src.ok()) return Fail(std::string(src.status().message()));
       source = std::move(src).value();
     }

@@ -66,7 +66,7 @@ constexpr char kUsageOperands[] =
     "Exit status (qemu-img's): 0 copied, 1 on any error.\n";
 
 std::string Usage() {
-  return absl::StrCat(kUsage, kForceShareHelp, kBackingRootHelp,
+  return absl::StrCat(kUsage, kForceShareHelp, kBackingRootHelp, kSecretHelp,
                       kUsageOperands);
 }
 
@@ -242,6 +242,9 @@ int RunDd(int argc, char** argv) {
   DdArgs a;
   if (int rc = ParseArgs(argc, argv, &a); rc >= 0) return rc;
 
+  if (absl::Status s = a.policy.ResolveImage(&a.in, &a.in_format); !s.ok()) {
+    return ReportError(s);
+  }
   OpenOptions io;
   io.format = a.in_format;
   a.policy.ApplyTo(&io);

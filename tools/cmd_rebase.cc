@@ -68,6 +68,7 @@ int RunRebase(int argc, char** argv) {
                       "Must specify backing file (-b) or use unsafe mode (-u)");
   }
   OpenOptions src;
+  src.key_secret = args.policy.key_secret;
   if (absl::Status s = ApplyCacheMode(src_cache, &src); !s.ok()) {
     return ReportFailure(s.message());
   }

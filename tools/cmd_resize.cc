@@ -43,6 +43,10 @@ constexpr char kUsage[] =
     "              end is lost (not yet for qcow2 images with internal\n"
     "              snapshots or persistent bitmaps)\n"
     "  -q          quiet: no \"Image resized.\" message\n"
+    "  --object secret,id=ID,data=STRING|file=PATH  a secret, for\n"
+    "              encrypt.key-secret=ID\n"
+    "  --image-opts  IMAGE is driver=qcow2,file.filename=PATH,\n"
+    "              encrypt.key-secret=ID\n"
     "  -h, --help  show this help\n"
     "\n"
     "Exit status (qemu-img's): 0 resized, 1 on any error.\n";
@@ -57,6 +61,7 @@ struct ResizeArgs {
   std::string image;
   int relative = 0;  // +1 grow by, -1 shrink by, 0 absolute
   std::string size;
+  OpenPolicy policy;  // --object, --image-opts
 };
 
 bool ParsePrealloc(std::string_view v, Prealloc* out) {
@@ -93,6 +98,7 @@ int ParseArgs(int argc, char** argv, ResizeArgs* args) {
              return kGoOn;
            })
       .Flag("shrink", 0, &args->shrink)
+      .Secrets(&args->policy)
       .Help()
       .Flag("", 'q', &args->quiet);
   std::vector<std::string> operands;
@@ -101,6 +107,10 @@ int ParseArgs(int argc, char** argv, ResizeArgs* args) {
     return UsageError(kUsage, "expecting an image file name and a size");
   }
   args->image = operands[0];
+  if (absl::Status s = args->policy.ResolveImage(&args->image, &args->format);
+      !s.ok()) {
+    return ReportError(s);
+  }
   if (!args->size.empty() && (args->size[0] == '+' || args->size[0] == '-')) {
     args->relative = args->size[0] == '+' ? 1 : -1;
     args->size.erase(0, 1);
@@ -195,6 +205,7 @@ int RunResize(int argc, char** argv) {
   OpenOptions opts;
   opts.read_write = true;
   opts.format = args.format;
+  opts.key_secret = args.policy.key_secret;
   auto image = Image::Open(args.image, opts);
   if (!image.ok()) return ReportFailure(image.status().message());
   const uint64_t current = (*image)->size();

@@ -114,7 +114,7 @@ constexpr char kHelpTail[] =
 
 std::string Usage() {
   return std::string(kUsage) + kForceShareHelp + kBackingRootHelp +
-         kHelpTail + kExitStatusHelp;
+         kSecretHelp + kHelpTail + kExitStatusHelp;
 }
 
 struct ServeArgs {
@@ -140,6 +140,7 @@ struct ServeArgs {
   bool verbose = false;
   std::string backing_root;
   std::string image;
+  OpenPolicy secrets;  // --object, --image-opts
 };
 
 // --bitmap NAME, each name once.
@@ -197,12 +198,13 @@ int ParseArgs(int argc, char** argv, ServeArgs* args) {
       .Flag("verbose", 'v', &args->verbose)
       .Flag("force-share", 'U', &args->force_share)
       .Text("backing-root", 0, &args->backing_root);
-  AddServeCommonOptions(&parser, {&args->format, &args->read_only,
-                                  &args->direct, &args->fork,
-                                  &args->pid_file});
+  const ServeCommonArgs common = {&args->format, &args->read_only,
+                                  &args->direct,  &args->fork,
+                                  &args->pid_file, &args->secrets};
+  AddServeCommonOptions(&parser, common);
   std::vector<std::string> operands;
   if (int rc = parser.Parse(argc, argv, &operands); rc != kGoOn) return rc;
-  if (int rc = ExpectServedImage(parser, operands, &args->image);
+  if (int rc = ExpectServedImage(parser, operands, common, &args->image);
       rc != kGoOn) {
     return rc;
   }
@@ -298,6 +300,7 @@ OpenOptions ServeOpenOptions(const ServeArgs& a) {
   opts.direct_io = a.direct;
   opts.force_share = a.force_share;
   opts.backing_root = a.backing_root;
+  opts.key_secret = a.secrets.key_secret;
   return opts;
 }
 

@@ -60,9 +60,12 @@ struct VhostArgs {
   bool fork = false;
   std::string pid_file;
   std::string image;
+  OpenPolicy secrets;  // --object, --image-opts
 };
 
-std::string Usage() { return std::string(kUsage) + kExitStatusHelp; }
+std::string Usage() {
+  return std::string(kUsage) + kSecretHelp + kExitStatusHelp;
+}
 
 // Returns -1 when parsed, else the exit status to return.
 int ParseArgs(int argc, char** argv, VhostArgs* a) {
@@ -71,11 +74,13 @@ int ParseArgs(int argc, char** argv, VhostArgs* a) {
       .Add("num-queues", 0, OptionParser::Arg::kRequired,
            CountOption(parser, "--num-queues", 1, 64, "1 to 64",
                        [a](const char*, int n) { a->num_queues = n; }));
-  AddServeCommonOptions(&parser, {&a->format, &a->read_only, &a->direct,
-                                  &a->fork, &a->pid_file});
+  const ServeCommonArgs common = {&a->format, &a->read_only, &a->direct,
+                                  &a->fork,    &a->pid_file,  &a->secrets};
+  AddServeCommonOptions(&parser, common);
   std::vector<std::string> operands;
   if (int rc = parser.Parse(argc, argv, &operands); rc != kGoOn) return rc;
-  if (int rc = ExpectServedImage(parser, operands, &a->image); rc != kGoOn) {
+  if (int rc = ExpectServedImage(parser, operands, common, &a->image);
+      rc != kGoOn) {
     return rc;
   }
   if (a->socket.empty()) return UsageError(Usage(), "no SOCKET given");
@@ -103,6 +108,7 @@ int OpenAndServe(const VhostArgs& a, int ready_fd) {
   // be served as that qcow2 image on the next start).
   opts.format = a.format.empty() ? "qcow2" : a.format;
   opts.direct_io = a.direct;
+  opts.key_secret = a.secrets.key_secret;
   auto image = Image::Open(a.image, opts);
   if (!image.ok()) {
     if (a.format.empty() && absl::IsDataLoss(image.status())) {

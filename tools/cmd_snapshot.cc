@@ -74,7 +74,9 @@ constexpr char kUsage[] =
     "  -h, --help  show this help\n"
     "\n";
 
-std::string Usage() { return std::string(kUsage) + kExitStatusHelp; }
+std::string Usage() {
+  return std::string(kUsage) + kSecretHelp + kExitStatusHelp;
+}
 
 struct SnapshotArgs {
   std::vector<std::string> option_lists;
@@ -115,6 +117,7 @@ int ParseArgs(int argc, char** argv, SnapshotArgs* args) {
       .Flag("no-extended-l2", 0, &args->no_extended_l2)
       .Format(&args->format)
       .ForceShare(&args->policy)
+      .Secrets(&args->policy)
       .Add("", 'l', Arg::kNone, Action(parser, 'l', args))
       .Add("", 'c', Arg::kRequired, Action(parser, 'c', args))
       .Add("", 'a', Arg::kRequired, Action(parser, 'a', args))
@@ -140,6 +143,10 @@ int ParseArgs(int argc, char** argv, SnapshotArgs* args) {
                         "other operations write IMAGE");
     }
     args->image = rest[0];
+    if (absl::Status s = args->policy.ResolveImage(&args->image, &args->format);
+        !s.ok()) {
+      return ReportError(s);
+    }
     return -1;
   }
   if (!args->format.empty() || args->policy.force_share) {

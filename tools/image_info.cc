@@ -44,6 +44,37 @@ std::optional<Json> BitmapsJson(const LayerInfo& info) {
   return out;
 }
 
+// QEMU's ImageInfoSpecificQCow2Encryption for LUKS: the format, then
+// QCryptoBlockInfoLUKS's members (slots: QCryptoBlockInfoLUKSSlot, iters
+// and stripes of active ones only), in QAPI order.
+Json EncryptJson(const EncryptionInfo& e) {
+  Json j = Json::Object();
+  j.Set("format", Json::String(e.format));
+  j.Set("cipher-alg", Json::String(e.cipher_alg));
+  j.Set("cipher-mode", Json::String(e.cipher_mode));
+  j.Set("ivgen-alg", Json::String(e.ivgen_alg));
+  if (!e.ivgen_hash_alg.empty()) {
+    j.Set("ivgen-hash-alg", Json::String(e.ivgen_hash_alg));
+  }
+  j.Set("hash-alg", Json::String(e.hash_alg));
+  j.Set("payload-offset", Json::Uint(e.payload_offset));
+  j.Set("master-key-iters", Json::Uint(e.master_key_iters));
+  j.Set("uuid", Json::String(e.uuid));
+  Json slots = Json::Array();
+  for (const LuksSlotInfo& s : e.slots) {
+    Json slot = Json::Object();
+    slot.Set("active", Json::Bool(s.active));
+    if (s.active) {
+      slot.Set("iters", Json::Uint(s.iterations));
+      slot.Set("stripes", Json::Uint(s.stripes));
+    }
+    slot.Set("key-offset", Json::Uint(s.key_offset));
+    slots.Append(std::move(slot));
+  }
+  j.Set("slots", std::move(slots));
+  return j;
+}
+
 // QEMU's ImageInfoSpecificQCow2, fields in QAPI order (the printed order
 // is QDict order anyway).
 Json Qcow2SpecificData(const LayerInfo& info) {
@@ -60,6 +91,7 @@ Json Qcow2SpecificData(const LayerInfo& info) {
       Json::String(info.compression_type == CompressionType::kZstd ? "zstd"
                                                                    : "zlib"));
   if (v3) data.Set("extended-l2", Json::Bool(info.extended_l2));
+  if (info.encryption) data.Set("encrypt", EncryptJson(*info.encryption));
   if (std::optional<Json> bitmaps = BitmapsJson(info)) {
     data.Set("bitmaps", std::move(*bitmaps));
   }
@@ -184,6 +216,7 @@ Json ImageInfoJson(const ImageFacts& f) {
       j.Set("backing-filename-format", Json::String(info.backing_format));
     }
   }
+  if (info.encrypted) j.Set("encrypted", Json::Bool(true));
   if (!info.snapshots.empty()) {
     Json list = Json::Array();
     for (const SnapshotInfo& sn : info.snapshots) {
@@ -208,6 +241,7 @@ std::string ImageInfoHuman(const ImageFacts& f) {
       " bytes)\n",
       "disk size: ", f.actual_size ? FormatSize(*f.actual_size) : "unavailable",
       "\n");
+  if (info.encrypted) out.append("encrypted: yes\n");
   if (info.format == ImageFormat::kQcow2) {
     absl::StrAppend(&out, "cluster_size: ", info.cluster_size, "\n");
   }

@@ -14,6 +14,7 @@ void AddServeCommonOptions(OptionParser* parser, const ServeCommonArgs& out) {
       .Flag("direct", 0, out.direct)
       .Flag("fork", 0, out.fork)
       .Text("pid-file", 0, out.pid_file)
+      .Secrets(out.secrets)
       .Help();
 }
 
@@ -36,12 +37,16 @@ OptionParser::Handler CountOption(
 
 int ExpectServedImage(const OptionParser& parser,
                       const std::vector<std::string>& operands,
-                      std::string* image) {
+                      const ServeCommonArgs& common, std::string* image) {
   if (operands.size() != 1) {
     return parser.Error(operands.empty() ? "no IMAGE given"
                                          : "more than one IMAGE given");
   }
   *image = operands[0];
+  if (absl::Status s = common.secrets->ResolveImage(image, common.format);
+      !s.ok()) {
+    return ReportError(s);
+  }
   return kGoOn;
 }
 

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tools/cli_util.h"
 #include "tools/option_parser.h"
 
 namespace qcow2::tool {
@@ -20,9 +21,11 @@ struct ServeCommonArgs {
   bool* direct;           // --direct
   bool* fork;             // --fork
   std::string* pid_file;  // --pid-file
+  OpenPolicy* secrets;    // --object, --image-opts
 };
 
-// Adds -f, -r, --direct, --fork, --pid-file and -h to `parser`.
+// Adds -f, -r, --direct, --fork, --pid-file, --object, --image-opts and
+// -h to `parser`.
 void AddServeCommonOptions(OptionParser* parser, const ServeCommonArgs& out);
 
 // A whole-number option from `min` to `max`; else the usage error
@@ -32,10 +35,12 @@ OptionParser::Handler CountOption(
     std::string_view expected,
     std::function<void(const char* text, int value)> store);
 
-// Exactly one IMAGE, else "no IMAGE given" or "more than one IMAGE given".
+// Exactly one IMAGE, else "no IMAGE given" or "more than one IMAGE given";
+// with --image-opts, IMAGE's options resolved (file name, format, key
+// secret: OpenPolicy::ResolveImage).
 int ExpectServedImage(const OptionParser& parser,
                       const std::vector<std::string>& operands,
-                      std::string* image);
+                      const ServeCommonArgs& common, std::string* image);
 
 }  // namespace qcow2::tool
 

@@ -95,6 +95,16 @@ struct OpenOptions {
   // AES (crypt_method 1) is refused, as QEMU 7.2's emulators refuse it.
   // Default: empty.
   std::string key_secret;
+
+  // Open for the image's metadata only, as `qemu-img info` does (QEMU's
+  // BDRV_O_NO_IO): an encrypted image of the chain opens without
+  // key_secret (its LUKS header is read, its key slots are not), and
+  // then no guest data of that image is read or written: reads that
+  // reach it fail with kFailedPrecondition (the caller's buffer zeroed).
+  // Unencrypted images and images whose secret is given read as usual.
+  // Only with read_write false, else the open fails with
+  // kInvalidArgument. Default: false.
+  bool metadata_only = false;
 };
 
 // LUKS encryption of a new qcow2 image, as `qemu-img create -o

@@ -80,6 +80,30 @@ struct SnapshotInfo {
   uint64_t disk_size = 0;  // virtual size of the disk it holds
 };
 
+// One LUKS key slot as `qemu-img info` shows it (QEMU's
+// QCryptoBlockInfoLUKSSlot); iterations and stripes only when active.
+struct LuksSlotInfo {
+  bool active = false;
+  uint32_t iterations = 0;
+  uint32_t stripes = 0;
+  uint64_t key_offset = 0;  // bytes from the start of the LUKS area
+};
+
+// The LUKS header of an encrypted qcow2 image, read without its key
+// (QEMU's QCryptoBlockInfoLUKS, names as QEMU spells them).
+struct EncryptionInfo {
+  std::string format;          // "luks"
+  std::string cipher_alg;      // "aes-256"
+  std::string cipher_mode;     // "xts"
+  std::string ivgen_alg;       // "plain64"
+  std::string ivgen_hash_alg;  // essiv only, else empty
+  std::string hash_alg;        // "sha256"
+  uint64_t payload_offset = 0;  // bytes
+  uint32_t master_key_iters = 0;
+  std::string uuid;
+  std::vector<LuksSlotInfo> slots;
+};
+
 // Facts about one image file of a chain, for `info`.
 struct LayerInfo {
   std::string filename;  // path as opened
@@ -112,6 +136,10 @@ struct LayerInfo {
   // be read; bitmaps_error then says why.
   std::vector<BitmapInfo> bitmaps;
   std::string bitmaps_error;
+  // crypt_method is not 0 (qemu-img's "encrypted: yes").
+  bool encrypted = false;
+  // The LUKS header of a LUKS-encrypted image, key or no key.
+  std::optional<EncryptionInfo> encryption;
 };
 
 // --- Check and repair (qcow2/maintenance.h).

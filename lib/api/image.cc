@@ -52,6 +52,10 @@ absl::StatusOr<std::unique_ptr<Image>> Image::Open(const std::string& path,
 
 absl::StatusOr<std::unique_ptr<Image>> Image::Open(std::unique_ptr<File> top,
                                                    const OpenOptions& opts) {
+  if (opts.metadata_only && opts.read_write) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        top->name(), ": metadata_only can only be used with read-only images"));
+  }
   ASSIGN_OR_RETURN(auto engine, internal::Engine::Open(std::move(top), opts));
   return std::unique_ptr<Image>(new Image(std::move(engine)));
 }

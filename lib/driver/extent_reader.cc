@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "lib/base/math.h"
 #include "lib/base/status_macros.h"
@@ -170,8 +171,17 @@ absl::Status ExtentReader::ReadCompressed(uint64_t entry, uint8_t* out) {
   return absl::OkStatus();
 }
 
+absl::Status ExtentReader::CheckUnlocked() const {
+  if (!s_->locked) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      s_->file->name(),
+      ": the image is encrypted (LUKS) and was opened for its metadata only, "
+      "without its key secret: its data cannot be read"));
+}
+
 absl::Status ExtentReader::ReadFromCompressed(uint64_t entry, uint64_t offset,
                                               absl::Span<uint8_t> buf) {
+  RETURN_IF_ERROR(CheckUnlocked());
   const Geometry& g = s_->geometry();
   if (decompressed_.size() != g.cluster_size || decompressed_entry_ != entry) {
     decompressed_.resize(g.cluster_size);
@@ -189,6 +199,7 @@ absl::Status ExtentReader::PlanCompressedRead(uint64_t entry, uint64_t offset,
                                               uint8_t* dest, uint64_t len,
                                               IoPlan* plan,
                                               IoCategory category) {
+  RETURN_IF_ERROR(CheckUnlocked());
   const Geometry& g = s_->geometry();
   const uint64_t in_cluster = offset & (g.cluster_size - 1);
   if (decompressed_entry_ == entry && decompressed_.size() == g.cluster_size) {

@@ -54,6 +54,8 @@ class ExtentReader {
                                   IoCategory category);
 
  private:
+  // kFailedPrecondition for a locked encrypted image (Qcow2State::locked).
+  absl::Status CheckUnlocked() const;
   // Maps inside the pending cluster `p` that holds guest `offset`: covered
   // units to its new host cluster, the rest as its old L2 entry says.
   absl::StatusOr<Extent> MapPending(const PendingIndex::Cluster& p,

@@ -116,11 +116,12 @@ absl::StatusOr<std::unique_ptr<Qcow2Layer>> Qcow2Layer::Open(
   // a missing or wrong secret leaves the file untouched.
   OpenedLuks luks;
   if (h.crypt_method == kCryptLuks) {
-    ASSIGN_OR_RETURN(luks, OpenLuks(file.get(), h, file_size, opts.key_secret, name));
+    ASSIGN_OR_RETURN(luks, OpenLuks(file.get(), h, file_size, opts.key_secret,
+                                    opts.metadata_only, name));
     file = AccountedFile::Wrap(std::move(file));
     auto* accounted = dynamic_cast<AccountedFile*>(file.get());
     if (accounted == nullptr) return absl::InternalError("no AccountedFile");
-    accounted->set_cipher(luks.volume.get());
+    accounted->set_cipher(luks.cipher());
   }
   if (opts.read_write && (h.incompatible_features & kIncompatDirty) &&
       !(h.incompatible_features & kIncompatCorrupt)) {
@@ -154,11 +155,13 @@ absl::StatusOr<std::unique_ptr<Qcow2Layer>> Qcow2Layer::Open(
     for (uint32_t i = 0; i < h.l1_size; ++i) l1[i] = LoadBE64(&raw[i * 8]);
   }
 
+  const bool hh_crypt_luks = h.crypt_method == kCryptLuks;
   auto layer = std::unique_ptr<Qcow2Layer>(
       new Qcow2Layer(std::move(file), std::move(h), file_size));
   layer->luks_ = std::move(luks);
   Qcow2State& s = layer->state_;
-  s.encrypted = layer->luks_.volume != nullptr;
+  s.encrypted = hh_crypt_luks;
+  s.locked = s.encrypted && layer->luks_.volume == nullptr;
   const Header& hh = s.header;
   Geometry g = Geometry::From(hh, opts.l2_slice_bytes);
   s.map = std::make_unique<ClusterMap>(s.meta.get(), name, g, std::move(l1),
@@ -246,6 +249,8 @@ LayerInfo Qcow2Layer::Info() const {
   info.backing_file = h.backing_file;
   info.backing_format = h.backing_format.value_or("");
   info.data_file = h.data_file.value_or("");
+  info.encrypted = h.crypt_method != 0;
+  if (luks() != nullptr) info.encryption = LuksInfo(luks_.header);
   return info;
 }
 

@@ -113,10 +113,13 @@ class Qcow2Layer : public Layer {
   HeaderWriter& header_writer() { return header_writer_; }
   const MetadataGuard& guard() const { return guard_; }
   DirtyBitmaps& bitmaps() { return bitmaps_; }
-  // The unlocked LUKS layer of an encrypted image (crypt_method 2), or
+  // The LUKS layer of an encrypted image (crypt_method 2), or
   // null. Its cipher is attached to file(): data-cluster IoOps on it are
   // encrypted and decrypted by the executors (lib/io/data_cipher.h).
-  const OpenedLuks* luks() const { return luks_.volume ? &luks_ : nullptr; }
+  // (Locked, without a volume, when opened metadata_only without a key.)
+  const OpenedLuks* luks() const {
+    return state_.encrypted ? &luks_ : nullptr;
+  }
 
  private:
   Qcow2Layer(std::unique_ptr<File> file, Header header, uint64_t file_size)

@@ -53,6 +53,9 @@ struct Qcow2State {
   // zeros in the file do not read as zeros, so a never-written cluster's
   // padding must be written too.
   bool encrypted = false;
+  // Encrypted and opened without its key (OpenOptions::metadata_only):
+  // no data of it is read (compressed clusters included) or written.
+  bool locked = false;
   bool closed = false;                   // Close() succeeded
   bool marked_corrupt = false;  // by HeaderWriter::Fail; caches abandoned
   // The next free byte of the host cluster that compressed clusters are

@@ -278,6 +278,15 @@ std::vector<BenchOption> PatternOptions(PatternFlags* p) {
        Store(&p->flush_interval, Uint(0x7fffffff))},
       {"no-drain", 0, kNone, "--no-drain", Set(&p->drain_on_flush, false)},
       {"pair", 0, kValue, "--pair", Store(&p->pair, Text)},
+      {"object", 0, kValue, "--object",
+       [p](const std::string&, const char* v) {
+         return p->secrets.AddObject(v);
+       }},
+      {"image-opts", 0, kNone, "--image-opts",
+       [p](const std::string&, const char*) {
+         p->secrets.image_opts = true;
+         return absl::OkStatus();
+       }},
       {"burst", 0, kValue, "--burst", Store(&p->burst, PositiveInt(1 << 30))},
       {"", 'c', kValue, "-c", Store(&p->count, Uint(0x7fffffff))},
       {"", 'd', kValue, "-d", Store(&p->depth, PositiveInt(65536))},

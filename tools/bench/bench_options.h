@@ -34,6 +34,7 @@ struct PatternFlags {
   std::string aio;               // -i (recorded; the engine decides)
   std::string image;             // the argument
   std::string pair;              // --pair: a second image, run alongside
+  OpenPolicy secrets;            // --object, --image-opts
   uint64_t burst = 16384;        // --burst: requests per turn with --pair
 };
 

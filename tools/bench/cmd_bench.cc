@@ -154,7 +154,8 @@ const Workload kWorkloads[] = {
      "usage: qcowtool bench pattern [-c COUNT] [-d DEPTH] [-f FMT]\n"
      "         [--flush-interval=N] [-i AIO] [-n] [--no-drain] [-o OFFSET]\n"
      "         [--pattern=BYTE] [-s SIZE] [-S STEP] [-t CACHE] [-w] [-U]\n"
-     "         [--pair=IMAGE2 [--burst=N]] IMAGE\n\n"
+     "         [--pair=IMAGE2 [--burst=N]] [--object secret,...]\n"
+     "         [--image-opts] IMAGE\n\n"
      "Runs 'qemu-img bench' on IMAGE with the same flags and semantics:\n"
      "COUNT requests (default 75000) of SIZE bytes (default 4k), DEPTH in\n"
      "flight (default 64), at OFFSET (default 0), OFFSET+STEP, ... (STEP\n"
@@ -173,9 +174,14 @@ const Workload kWorkloads[] = {
      "                  IMAGE2's (from the summed times, and the median\n"
      "                  and quartiles of the bursts' ratios). Not with\n"
      "                  --flush-interval.\n"
-     "  --burst=N       requests per turn with --pair (default 16384)\n",
+     "  --burst=N       requests per turn with --pair (default 16384)\n"
+     "  --object secret,id=ID,data=STRING|file=PATH  a secret, for\n"
+     "                  encrypt.key-secret=ID\n"
+     "  --image-opts    IMAGE is driver=qcow2,file.filename=PATH,\n"
+     "                  encrypt.key-secret=ID\n",
      {"-c", "-d", "-f", "-i", "-n", "-o", "-s", "-S", "-w", "-U", "--pattern",
-      "--flush-interval", "--no-drain", "--pair", "--burst"},
+      "--flush-interval", "--no-drain", "--pair", "--burst", "--object",
+      "--image-opts"},
      false},
     {"cdm",
      RunCdm,

@@ -167,8 +167,15 @@ struct Side {
 };
 
 absl::Status OpenSide(const Env& env, const PatternFlags& p, Side* side) {
-  OpenOptions open = BenchOpenOptions(env.direct, p.write, p.format);
+  // --image-opts: the operand's file name, format and key secret.
+  std::string format = p.format;
+  OpenPolicy secrets = p.secrets;
+  if (absl::Status s = secrets.ResolveImage(&side->path, &format); !s.ok()) {
+    return s;
+  }
+  OpenOptions open = BenchOpenOptions(env.direct, p.write, format);
   open.force_share = p.force_share;
+  open.key_secret = secrets.key_secret;
   auto image = Image::Open(side->path, open);
   if (!image.ok()) return image.status();
   side->image = std::move(*image);
