@@ -123,6 +123,7 @@ static void test_errors(void) {
   CHECK_OK(qcow2_image_read(ro, 0, buf, sizeof buf, &err), err);
   EXPECT_ERROR(qcow2_image_read(ro, SIZE - 100, buf, sizeof buf, &err), -EIO,
                err, "past the end");
+  qcow2_prepare_io_thread(); /* before this thread's first io_uring call */
   qcow2_queue_t* q = qcow2_queue_create(ro, 4, &err);
   CHECK_OK(q == NULL, err);
   if (q != NULL) {

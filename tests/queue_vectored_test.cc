@@ -3,6 +3,7 @@
 // over a backing chain, read back by qemu-img; the file sees the caller's
 // own segments (no copy); the notifier fd drives an event loop with no
 // lost wake-up, synchronous completions included.
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/uio.h>
@@ -15,6 +16,7 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -660,6 +662,64 @@ TEST_P(QueueVectoredTest, EpollLoopOverEventFdLosesNoWakeUp) {
   EXPECT_EQ(wrong, 0);
   EXPECT_GT(wakeups, 0);
   ::close(ep);
+  CloseAndCompareWithQemu(&c);
+}
+
+int OpenDescriptors() {
+  int n = 0;
+  for (int fd = 0; fd < 4096; ++fd) n += ::fcntl(fd, F_GETFD) != -1;
+  return n;
+}
+
+// Threads that join the process's shared io_uring workers (PrepareIoThread,
+// also done by every queue's first I/O) write through queues of their own
+// at once, buffered: their writes to the one image file now wait for each
+// other in io_uring. Every write lands (qemu-img reads them all), and the
+// joining leaves no descriptor behind in the threads that called it more
+// than once.
+TEST(QueueVectoredThreadsTest, ThreadsSharingIoWorkersWriteOneFile) {
+  OpenChain c;
+  ASSERT_NO_FATAL_FAILURE(Open(&c, /*io_uring=*/true, 32));
+  if (!c.queue->uses_io_uring()) GTEST_SKIP() << "no io_uring here";
+  PrepareIoThread();  // this thread's anchor ring is set up by now
+  const int before = OpenDescriptors();
+  constexpr int kThreads = 4;
+  constexpr uint64_t kSpan = kSize / kThreads;
+  std::vector<absl::Status> failures(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      PrepareIoThread();
+      PrepareIoThread();
+      QueueOptions qo;
+      qo.depth = 8;
+      auto q = c.img->CreateQueue(qo);
+      if (!q.ok()) {
+        failures[t] = q.status();
+        return;
+      }
+      // 256 KiB writes, eight in flight, over this thread's quarter.
+      std::vector<uint8_t> buf(kSpan);
+      for (uint64_t i = 0; i < kSpan; ++i) buf[i] = Pattern(t * kSpan + i, 3);
+      for (uint64_t off = 0; off < kSpan; off += 256 << 10) {
+        absl::Status s = (*q)->SubmitWrite(
+            t * kSpan + off, absl::MakeSpan(buf).subspan(off, 256 << 10),
+            [&, t](absl::Status r) {
+              if (!r.ok()) failures[t] = r;
+            });
+        if (!s.ok()) {
+          failures[t] = s;
+          break;
+        }
+        while ((*q)->in_flight() >= 8) (*q)->Poll(1);
+      }
+      (*q)->Drain();
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  for (const absl::Status& s : failures) ASSERT_OK(s);
+  EXPECT_EQ(OpenDescriptors(), before);
+  for (uint64_t i = 0; i < kSize; ++i) c.model[i] = Pattern(i, 3);
   CloseAndCompareWithQemu(&c);
 }
 

@@ -305,6 +305,10 @@ QCOW2_EXPORT int qcow2_queue_wait(qcow2_queue_t* q, qcow2_completion_t* out,
 /* Requests submitted whose completion was not yet returned by poll. */
 QCOW2_EXPORT int qcow2_queue_in_flight(const qcow2_queue_t* q);
 
+/* qcow2::PrepareIoThread (qcow2/queue.h): first thing in a thread that
+ * runs queues beside io_uring rings of its own. */
+QCOW2_EXPORT void qcow2_prepare_io_thread(void);
+
 /* ---- live stream and commit ------------------------------------------ */
 
 /* Image::LiveStream and Image::LiveCommit (qcow2/live.h, and

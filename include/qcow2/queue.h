@@ -158,6 +158,18 @@ class QCOW2_EXPORT Queue {
   std::unique_ptr<internal::QueueImpl> impl_;
 };
 
+// For a thread that runs Queues beside io_uring rings of its own (an event
+// loop that polls its sockets on a ring): call it first thing in the
+// thread, before the thread's first io_uring call. Buffered writes to one
+// image file from every such thread then wait their turn in io_uring
+// instead of spinning on the file system's lock for that file on several
+// CPUs at once (on ext4, 6% of the CPU of a server writing 1 MiB requests
+// from two threads). Queues do it themselves on their first I/O, which is
+// enough for threads with no ring of their own; it does nothing in a
+// thread that used io_uring before, or on kernels before 5.18. Cheap and
+// harmless to call again.
+QCOW2_EXPORT void PrepareIoThread();
+
 }  // namespace qcow2
 
 #endif  // QCOW2_QUEUE_H_

@@ -625,6 +625,8 @@ int qcow2_queue_flush(qcow2_queue_t* q, void* user_data, char** errptr) {
   return Report(q->queue->SubmitFlush(Deliver(q, user_data, 0)), errptr);
 }
 
+void qcow2_prepare_io_thread(void) { qcow2::PrepareIoThread(); }
+
 int qcow2_queue_poll(qcow2_queue_t* q, qcow2_completion_t* out, int max) {
   return qcow2_queue_wait(q, out, max, 0);
 }

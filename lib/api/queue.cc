@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "lib/engine/queue_impl.h"
+#include "lib/io/ring.h"
 #include "qcow2/image.h"
 #include "qcow2/queue.h"
 
@@ -28,6 +29,8 @@ std::unique_ptr<Request> NewRequest(internal::QueueImpl* q, Request::Kind kind,
 Queue::Queue(std::unique_ptr<internal::QueueImpl> impl)
     : impl_(std::move(impl)) {}
 Queue::~Queue() = default;
+
+void PrepareIoThread() { internal::JoinSharedIoWorkers(); }
 
 absl::Status Queue::SubmitRead(uint64_t offset, absl::Span<uint8_t> buf,
                                Completion done) {

@@ -31,6 +31,7 @@ class Ring {
   // errno that stopped it (the ring then stays unusable: ok() is false).
   int Init(unsigned entries);
   bool ok() const { return ok_; }
+  int fd() const { return ring_.ring_fd; }
   // Tears the ring down (anything still on it is cancelled).
   void Exit();
 
@@ -60,6 +61,11 @@ class Ring {
   io_uring ring_{};
   bool ok_ = false;
 };
+
+// Gives the calling thread's io_uring workers the process's one shared
+// map of per-file work (see ring.cc), unless the thread has used io_uring
+// before. Cheap after the first call in a thread; safe from any thread.
+void JoinSharedIoWorkers();
 
 }  // namespace qcow2::internal
 

@@ -163,6 +163,8 @@ void Loop::Stop() {
 }
 
 void Loop::Run() {
+  // Before this thread's first io_uring call (its ring's first submit).
+  PrepareIoThread();
   for (size_t i = 0; i < accept_ops_.size(); ++i) PostAccept(i);
   PostQueuePoll();
   io_uring_sqe* sqe = Sqe();

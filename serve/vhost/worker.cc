@@ -149,6 +149,8 @@ void Worker::Reset(int fd) {
 }
 
 void Worker::Run() {
+  // Before this thread's first io_uring call (its ring's first submit).
+  PrepareIoThread();
   while (!quit_) {
     io_uring_submit_and_wait(&ring_, 1);
     io_uring_cqe* cqe;

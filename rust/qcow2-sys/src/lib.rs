@@ -463,6 +463,8 @@ extern "C" {
     ) -> c_int;
     /// Requests submitted whose completion was not yet returned.
     pub fn qcow2_queue_in_flight(q: *const qcow2_queue_t) -> c_int;
+    /// First thing in a thread that runs queues beside io_uring rings of its own.
+    pub fn qcow2_prepare_io_thread();
 
     // ---- live stream and commit
     /// A control to cancel a live job from any thread.

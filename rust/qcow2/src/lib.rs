@@ -69,6 +69,17 @@ pub use queue::{Completion, IoBuf, IoBufMut, Queue, Rejected};
 /// The raw C API, for calls this crate does not wrap.
 pub use qcow2_sys as sys;
 
+/// For a thread that runs queues beside io_uring rings of its own: call it
+/// first thing in the thread, before its first io_uring call, so that
+/// buffered writes to one image file from every such thread wait their
+/// turn in io_uring instead of contending for the file's lock
+/// (`qcow2::PrepareIoThread` in the C++ API). Queues do it themselves on
+/// their first I/O.
+pub fn prepare_io_thread() {
+    // SAFETY: takes no arguments; safe from any thread at any time.
+    unsafe { sys::qcow2_prepare_io_thread() }
+}
+
 /// The version of libqcow2 loaded at run time, e.g. "0.1.0".
 pub fn version() -> &'static str {
     // SAFETY: a static NUL-terminated string the library never frees.
