@@ -6,9 +6,10 @@
 # writer; a new kind (another server) is one more line here.
 #
 # Default: 50 rounds of the io_uring O_DIRECT writer (the one that left
-# its locks behind before issue 48), 8 to 25 of each other kind: 143 in
-# all, about 4 minutes one after the other on a loaded 2-CPU machine,
-# mostly waiting (a vhost-user-blk round takes about 10 s). QCOW2_LONG_TESTS=1: 200 rounds of each. Skipped (exit 77) without
+# its locks behind before issue 48), 10 to 25 of each other kind: 160 in
+# all, about 2 minutes one after the other on a loaded 2-CPU machine,
+# mostly waiting. A round fails if nothing is written before the kill
+# (a writer or client that exits first, or 10 s without a write). QCOW2_LONG_TESTS=1: 200 rounds of each. Skipped (exit 77) without
 # qemu-img and qemu-io, where the temporary directory refuses O_DIRECT
 # (the direct kinds), and for the NBD servers without nbdkit or nbdcopy.
 find_package(Python3 COMPONENTS Interpreter)
@@ -27,7 +28,7 @@ if(Python3_Interpreter_FOUND)
   # The vhost-user-blk back-end (serve/vhost/), written by vhost_bench's
   # front-end on two queues.
   list(APPEND kill_lock_kinds
-    "serve_vhost|8||{qcowtool} serve --vhost-user-blk {socket} {top}|$<TARGET_FILE:vhost_bench> --socket {socket} --queues 2 --depth 32 --rw randwrite --seconds 60")
+    "serve_vhost|25||{qcowtool} serve --vhost-user-blk {socket} --num-queues 2 {top}|$<TARGET_FILE:vhost_bench> --socket {socket} --queues 2 --depth 32 --rw randwrite --seconds 60")
   # The nbdkit plugin (`serve --nbdkit`), in its two threading modes.
   if(TARGET nbdkit_libqcow2_plugin)
     list(APPEND kill_lock_kinds

@@ -104,13 +104,20 @@ def wait_listening(path, proc, timeout=10.0):
     return False
 
 
-def wait_first_write(path, mtime0, proc, timeout=10.0):
-    """Waits until `path` is written (its mtime moves), or `proc` dies."""
+def wait_first_write(path, mtime0, procs, timeout=10.0):
+    """Waits until `path` is written (its mtime moves). A writer or client
+    that exits first, or no write in `timeout` seconds, fails the test: a
+    kill that lands before anything was written proves nothing."""
     end = time.monotonic() + timeout
-    while time.monotonic() < end and proc.poll() is None:
+    while time.monotonic() < end:
         if os.stat(path).st_mtime_ns != mtime0:
-            return
+            return None
+        for p in procs:
+            if p.poll() is not None:
+                return "%s exited (%d) before the first write: %s" % (
+                    p.args[0], p.returncode, p.stderr.read().strip())
         time.sleep(0.001)
+    return "nothing written to the top in %.0f s" % timeout
 
 
 def kill_and_reap(proc):
@@ -154,7 +161,11 @@ def one_round(args, top, sock, data, rng, n):
                      % (n, err.strip()))
         client = spawn(args.client.format(**fmt))
     # The kill lands while the writer writes, not while it starts up.
-    wait_first_write(top, mtime0, writer)
+    late = wait_first_write(top, mtime0, [p for p in (writer, client) if p])
+    if late:
+        kill_and_reap(writer)
+        kill_and_reap(client)
+        sys.exit("kill_lock_test: round %d: %s" % (n, late))
     time.sleep(rng.uniform(args.min_delay, args.max_delay))
     # The writer first: the client may notice and exit, but the writer
     # must die in the middle of its work.
