@@ -79,6 +79,7 @@ set(QCOW2_LIB_SOURCES
   ${PROJECT_SOURCE_DIR}/lib/meta/write_back_file.cc
   ${PROJECT_SOURCE_DIR}/lib/ops/amend.cc
   ${PROJECT_SOURCE_DIR}/lib/ops/amend_image.cc
+  ${PROJECT_SOURCE_DIR}/lib/ops/amend_luks.cc
   ${PROJECT_SOURCE_DIR}/lib/ops/amend_refcounts.cc
   ${PROJECT_SOURCE_DIR}/lib/ops/amend_zeros.cc
   ${PROJECT_SOURCE_DIR}/lib/ops/chunk_runner.cc

@@ -568,6 +568,18 @@ static void test_luks(void) {
            "driver=qcow2,file.filename=%s,encrypt.key-secret=s",
            secret, path);
   CHECK(system(cmd) == 0);
+  /* metadata-only: opens without the secret, its data refused (zeroed). */
+  CHECK_OK(qcow2_image_open_ex(path, "metadata-only=on", &img, &err), err);
+  if (img == NULL) return;
+  CHECK(qcow2_image_size(img) == MIB);
+  memset(back, 0xee, sizeof back);
+  EXPECT_ERROR(qcow2_image_read(img, 65536 + 4096, back, sizeof back, &err),
+               -EPERM, err, "metadata only");
+  CHECK(back[0] == 0 && back[sizeof back - 1] == 0);
+  qcow2_image_destroy(img);
+  EXPECT_ERROR(
+      qcow2_image_open_ex(path, "read-only=off,metadata-only=on", &img, &err),
+      -EINVAL, err, "metadata_only");
 }
 
 int main(int argc, char** argv) {

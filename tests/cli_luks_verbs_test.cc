@@ -170,6 +170,98 @@ TEST(CliLuksVerbsTest, ChainVerbs) {
   ExpectQemuCheckClean(base);
 }
 
+// A chain whose two encrypted images have different secrets: the
+// backing file's given as QEMU takes it (backing.encrypt.key-secret=ID,
+// OpenOptions::backing_key_secrets); without it the chain does not open.
+// What we read equals what qemu-img reads with the same options.
+TEST(CliLuksVerbsTest, SecretPerImageOfChain) {
+  SKIP_WITHOUT_QEMU();
+  TempDir dir;
+  const std::string base = dir.File("base.qcow2");
+  const std::string top = dir.File("top.qcow2");
+  ASSERT_NO_FATAL_FAILURE(MakeEncrypted(base));
+  CreateOptions o;
+  o.size = 4 << 20;
+  o.encrypt.format = "luks";
+  o.encrypt.key_secret = "top-secret";
+  o.encrypt.iterations = 1000;
+  o.backing_file = base;
+  o.backing_format = "qcow2";
+  ASSERT_TRUE(CreateImage(top, o).ok());
+  OpenOptions oo;
+  oo.read_write = true;
+  oo.key_secret = "top-secret";
+  auto img = Image::Open(top, oo);
+  ASSERT_FALSE(img.ok());
+  EXPECT_EQ(img.status().code(), absl::StatusCode::kPermissionDenied);
+  oo.backing_key_secrets = {kPass};
+  img = Image::Open(top, oo);
+  ASSERT_TRUE(img.ok()) << img.status();
+  ASSERT_TRUE((*img)->Write(1 << 20, std::vector<uint8_t>(65536, 0x61)).ok());
+  ASSERT_TRUE((*img)->Close().ok());
+
+  const std::vector<std::string> secrets = {
+      "--object", Obj(), "--object", "secret,id=t0,data=top-secret",
+      "--image-opts",
+      absl::StrCat("driver=qcow2,file.filename=", top,
+                   ",encrypt.key-secret=t0,backing.encrypt.key-secret=s0")};
+  auto convert = [&](const std::string& program, const std::string& out) {
+    std::vector<std::string> argv = {program, "convert"};
+    argv.insert(argv.end(), secrets.begin(), secrets.end());
+    argv.insert(argv.end(), {"-O", "raw", out});
+    return ::qcow2::testing::Run(argv);
+  };
+  CommandResult ours = convert(::qcow2::testing::QcowtoolPath(), dir.File("o.raw"));
+  ASSERT_EQ(ours.exit_code, 0) << ours.err;
+  CommandResult qemu = convert("qemu-img", dir.File("q.raw"));
+  ASSERT_EQ(qemu.exit_code, 0) << qemu.err;
+  auto a = ReadFileBytes(dir.File("o.raw"));
+  auto b = ReadFileBytes(dir.File("q.raw"));
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(*a == *b);
+  ASSERT_EQ(a->size(), 4u << 20);
+  EXPECT_EQ((*a)[0], 0x5a);
+  EXPECT_EQ((*a)[1 << 20], 0x61);
+  // Without the backing file's secret: refused, naming the backing file.
+  CommandResult c = Tool({"convert", "--object", "secret,id=t0,data=top-secret",
+                          "--image-opts",
+                          absl::StrCat("driver=qcow2,file.filename=", top,
+                                       ",encrypt.key-secret=t0"),
+                          "-O", "raw", dir.File("n.raw")});
+  EXPECT_NE(c.exit_code, 0);
+  EXPECT_THAT(c.err, HasSubstr("base.qcow2"));
+}
+
+// create -b over an encrypted backing file needs no secret (its size is
+// metadata, as qemu-img reads it); the new overlay reads the backing data
+// through qemu-io with the backing file's secret.
+TEST(CliLuksVerbsTest, CreateOverEncryptedBacking) {
+  SKIP_WITHOUT_QEMU();
+  TempDir dir;
+  const std::string base = dir.File("base.qcow2");
+  const std::string top = dir.File("top.qcow2");
+  ASSERT_NO_FATAL_FAILURE(MakeEncrypted(base));
+  CommandResult r = Tool({"create", "-q", "-f", "qcow2", "-b", base, "-F",
+                          "qcow2", top});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  CreateOptions o;
+  o.backing_file = base;
+  o.backing_format = "qcow2";
+  ASSERT_TRUE(CreateImage(dir.File("lib.qcow2"), o).ok());
+  for (const std::string& img : {top, dir.File("lib.qcow2")}) {
+    CommandResult io = ::qcow2::testing::Run(
+        {"qemu-io", "--object", Obj(), "--image-opts",
+         absl::StrCat("driver=qcow2,file.filename=", img,
+                      ",backing.encrypt.key-secret=s0"),
+         "-c", "read -P 0x5a 0 64k"});
+    EXPECT_EQ(io.exit_code, 0) << io.err;
+    EXPECT_THAT(io.out, HasSubstr("read 65536/65536"));
+    EXPECT_THAT(io.out, ::testing::Not(HasSubstr("failed")));
+    CommandResult info = ::qcow2::testing::Run({"qemu-img", "info", img});
+    EXPECT_THAT(info.out, HasSubstr("virtual size: 4 MiB"));
+  }
+}
+
 TEST(CliLuksVerbsTest, BenchPattern) {
   TempDir dir;
   const std::string img = dir.File("e.qcow2");

@@ -650,7 +650,7 @@ TEST(LuksIoTest, MissingOrWrongSecretLeavesTheFileAlone) {
     EXPECT_EQ(img.status().code(), absl::StatusCode::kPermissionDenied);
     EXPECT_THAT(std::string(img.status().message()),
                 HasSubstr(secret.empty() ? "key secret is needed"
-                                         : "invalid password"));
+                                         : "Invalid password"));
     EXPECT_THAT(std::string(img.status().message()), HasSubstr(path));
     EXPECT_THAT(std::string(img.status().message()),
                 ::testing::Not(HasSubstr("wrong")));

@@ -201,7 +201,8 @@ TEST(LuksTest, WrongPassphraseIsAClearError) {
   ASSERT_FALSE(key.ok());
   EXPECT_EQ(key.status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(std::string(key.status().message()),
-              HasSubstr("img: invalid password/secret for LUKS key slots 0"));
+              HasSubstr("img: Invalid password, cannot unlock any keyslot "
+                        "(LUKS key slots tried: 0)"));
   EXPECT_THAT(std::string(key.status().message()),
               ::testing::Not(HasSubstr("wrong")));
 }

@@ -232,6 +232,23 @@ absl::StatusOr<std::map<std::string, std::string>> ParseQemuOpts(
 
 }  // namespace
 
+namespace {
+
+// How many "backing." prefixes `key` has before `option`
+// ("backing.backing.encrypt.key-secret": 2), npos when it is not
+// `option` under them.
+size_t BackingDepth(std::string_view key, std::string_view option) {
+  size_t depth = 0;
+  constexpr std::string_view kBacking = "backing.";
+  while (key.substr(0, kBacking.size()) == kBacking) {
+    key.remove_prefix(kBacking.size());
+    ++depth;
+  }
+  return key == option ? depth : std::string::npos;
+}
+
+}  // namespace
+
 absl::Status OpenPolicy::AddObject(std::string_view spec) {
   auto parsed = ParseQemuOpts(spec, "qom-type");
   if (!parsed.ok()) return parsed.status();
@@ -282,6 +299,7 @@ absl::Status OpenPolicy::AddObject(std::string_view spec) {
 absl::Status OpenPolicy::ResolveImage(std::string* image,
                                       std::string* format) {
   key_secret.clear();
+  backing_key_secrets.clear();
   if (!image_opts) return absl::OkStatus();
   auto parsed = ParseQemuOpts(*image, nullptr);
   if (!parsed.ok()) return parsed.status();
@@ -298,13 +316,19 @@ absl::Status OpenPolicy::ResolveImage(std::string* image,
         return absl::InvalidArgumentError(absl::StrCat(
             "protocol driver '", v, "' is not supported (file is)"));
       }
-    } else if (k == "encrypt.key-secret") {
+    } else if (size_t depth = BackingDepth(k, "encrypt.key-secret");
+               depth != std::string::npos) {
       auto s = secrets.find(v);
       if (s == secrets.end()) {
         return absl::InvalidArgumentError(
             absl::StrCat("No secret with id '", v, "'"));
       }
-      key_secret = s->second;
+      if (depth == 0) {
+        key_secret = s->second;
+      } else {
+        if (backing_key_secrets.size() < depth) backing_key_secrets.resize(depth);
+        backing_key_secrets[depth - 1] = s->second;
+      }
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
           "Block format '", kv.count("driver") ? kv["driver"] : "qcow2",
@@ -323,6 +347,7 @@ void OpenPolicy::ApplyTo(OpenOptions* opts) const {
   opts->force_share = force_share;
   opts->backing_root = backing_root;
   opts->key_secret = key_secret;
+  opts->backing_key_secrets = backing_key_secrets;
 }
 
 absl::Status CheckImageFormat(std::string_view text) {

@@ -93,8 +93,11 @@ struct OpenPolicy {
   // --image-opts: image operands are option strings
   // (driver=qcow2,file.filename=PATH,encrypt.key-secret=ID).
   bool image_opts = false;
-  // The key secret of the image being opened (ResolveImage).
+  // The key secret of the image being opened (ResolveImage), and those of
+  // its backing images by depth (backing.encrypt.key-secret=ID,
+  // backing.backing.encrypt.key-secret=ID, ...).
   std::string key_secret;
+  std::vector<std::string> backing_key_secrets;
 
   // Adds one --object (only secret objects; qemu-img's messages).
   absl::Status AddObject(std::string_view spec);
@@ -103,7 +106,8 @@ struct OpenPolicy {
   // does nothing.
   absl::Status ResolveImage(std::string* image, std::string* format);
 
-  // Sets OpenOptions::force_share, backing_root and key_secret.
+  // Sets OpenOptions::force_share, backing_root, key_secret and
+  // backing_key_secrets.
   void ApplyTo(OpenOptions* opts) const;
 };
 inline constexpr char kSecretHelp[] =

@@ -21,17 +21,21 @@ namespace qcow2::tool {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: qcowtool amend [-f FMT] [-p] [-q] [-t CACHE] [--force]\n"
-    "                      -o OPTIONS IMAGE\n"
+    "usage: qcowtool amend [--object OBJDEF] [--image-opts] [-f FMT] [-p]\n"
+    "                      [-q] [-t CACHE] [--force] -o OPTIONS IMAGE\n"
     "\n"
     "Changes format options of the qcow2 image IMAGE in place, as\n"
     "'qemu-img amend' does. OPTIONS is a comma-separated list of\n"
     "key=value pairs ('-o help' lists them): compat=0.10|1.1 (v2|v3),\n"
     "lazy_refcounts=on|off, refcount_bits=1|2|4|...|64, size=SIZE.\n"
     "backing_file and backing_fmt are accepted only with the image's own\n"
-    "values (use 'qcowtool rebase' to change them). Every option is\n"
-    "checked before anything is written: a refused amend leaves IMAGE\n"
-    "untouched.\n"
+    "values (use 'qcowtool rebase' to change them). The key slots of a\n"
+    "LUKS-encrypted image (opened with --image-opts ...,encrypt.key-secret=ID):\n"
+    "encrypt.state=active,encrypt.new-secret=ID[,encrypt.keyslot=N]\n"
+    "[,encrypt.iter-time=MS] adds a secret; encrypt.state=inactive with\n"
+    "encrypt.keyslot=N and/or encrypt.old-secret=ID erases slots. Every\n"
+    "option is checked before anything is written: a refused amend leaves\n"
+    "IMAGE untouched.\n"
     "\n"
     "  -f FMT      format of IMAGE: qcow2 (raw images have no options to\n"
     "              amend)\n"
@@ -39,8 +43,13 @@ constexpr char kUsage[] =
     "  -p          show progress\n"
     "  -q          quiet\n"
     "  -t CACHE    accepted for qemu-img compatibility (ignored)\n"
-    "  --force     accepted for qemu-img compatibility (it only matters\n"
-    "              for encryption options)\n"
+    "  --force     let encrypt.* overwrite an active key slot, or erase\n"
+    "              the last active ones (the data is then lost for good)\n"
+    "  --object secret,id=ID,data=STRING|file=PATH  a secret, for\n"
+    "              encrypt.key-secret=ID, encrypt.new-secret=ID and\n"
+    "              encrypt.old-secret=ID\n"
+    "  --image-opts  IMAGE is driver=qcow2,file.filename=PATH,\n"
+    "              encrypt.key-secret=ID\n"
     "  -h, --help  show this help\n"
     "\n"
     "Exit status (qemu-img's): 0 amended, 1 on any error.\n";
@@ -68,6 +77,8 @@ constexpr char kAmendHelp[] =
     "  size=<size>            - Virtual disk size\n";
 
 struct AmendArgs {
+  OpenPolicy policy;  // --object, --image-opts
+  bool force = false;
   std::string format;
   std::vector<std::string> lists;
   bool progress = false;
@@ -134,9 +145,69 @@ absl::StatusOr<bool> ParseOnOff(const std::string& key, const std::string& v) {
       absl::StrCat("Parameter '", key, "' expects 'on' or 'off'"));
 }
 
+// A number as QEMU's option parser takes it (decimal, no sign).
+absl::StatusOr<uint64_t> ParseNumber(const std::string& key,
+                                     const std::string& v) {
+  uint64_t n = 0;
+  bool ok = !v.empty() && v.size() <= 19;
+  for (char c : v) ok = ok && c >= '0' && c <= '9';
+  for (char c : v) n = ok ? n * 10 + static_cast<uint64_t>(c - '0') : 0;
+  if (!ok) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Parameter '", key, "' expects a number"));
+  }
+  return n;
+}
+
+// encrypt.keyslot: QEMU's parser takes a negative number too (and the
+// library refuses it with QEMU's message).
+absl::StatusOr<int64_t> ParseKeySlot(const std::string& v) {
+  const bool negative = !v.empty() && v[0] == '-';
+  auto n = ParseNumber("encrypt.keyslot", negative ? v.substr(1) : v);
+  if (!n.ok()) return n.status();
+  return negative ? -static_cast<int64_t>(*n) : static_cast<int64_t>(*n);
+}
+
+// The secret --object gave `id` (new-secret=ID, old-secret=ID).
+absl::StatusOr<std::string> SecretById(const OpenPolicy& policy,
+                                       const std::string& id) {
+  auto it = policy.secrets.find(id);
+  if (it == policy.secrets.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("No secret with id '", id, "'"));
+  }
+  return it->second;
+}
+
+// One encrypt.* option into o->encrypt.
+absl::Status ToEncryptOption(const std::string& key, const std::string& v,
+                             const OpenPolicy& policy, AmendOptions* o) {
+  if (!o->encrypt) o->encrypt.emplace();
+  KeySlotAmendment& e = *o->encrypt;
+  if (key == "encrypt.state") {
+    e.state = v;
+  } else if (key == "encrypt.new-secret" || key == "encrypt.old-secret") {
+    auto secret = SecretById(policy, v);
+    if (!secret.ok()) return secret.status();
+    (key == "encrypt.new-secret" ? e.new_secret : e.old_secret) = *secret;
+  } else if (key == "encrypt.keyslot") {
+    auto slot = ParseKeySlot(v);
+    if (!slot.ok()) return slot.status();
+    e.keyslot = *slot;
+  } else if (key == "encrypt.iter-time") {
+    auto ms = ParseNumber(key, v);
+    if (!ms.ok()) return ms.status();
+    e.iter_time_ms = *ms;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Invalid parameter '", key, "'"));
+  }
+  return absl::OkStatus();
+}
+
 // Turns the parsed values into AmendOptions, with qemu-img's messages.
 absl::Status ToOptions(const std::map<std::string, std::string>& values,
-                       AmendOptions* o) {
+                       const OpenPolicy& policy, AmendOptions* o) {
   for (const auto& [key, v] : values) {
     if (key == "compat") {
       o->compat = v;
@@ -145,15 +216,9 @@ absl::Status ToOptions(const std::map<std::string, std::string>& values,
       if (!on.ok()) return on.status();
       o->lazy_refcounts = *on;
     } else if (key == "refcount_bits") {
-      uint64_t n = 0;
-      bool ok = !v.empty() && v.size() <= 19;
-      for (char c : v) ok = ok && c >= '0' && c <= '9';
-      for (char c : v) n = ok ? n * 10 + static_cast<uint64_t>(c - '0') : 0;
-      if (!ok) {
-        return absl::InvalidArgumentError(
-            "Parameter 'refcount_bits' expects a number");
-      }
-      o->refcount_bits = n;  // the library refuses bad widths
+      auto n = ParseNumber(key, v);
+      if (!n.ok()) return n.status();
+      o->refcount_bits = *n;  // the library refuses bad widths
     } else if (key == "backing_file") {
       o->backing_file = v;
     } else if (key == "backing_fmt") {
@@ -170,8 +235,9 @@ absl::Status ToOptions(const std::map<std::string, std::string>& values,
             "data-file-raw cannot be set on existing images");
       }
     } else if (key.substr(0, 8) == "encrypt.") {
-      return absl::InvalidArgumentError(
-          "Can't amend encryption options - encryption not present");
+      if (absl::Status s = ToEncryptOption(key, v, policy, o); !s.ok()) {
+        return s;
+      }
     } else if (key == "size") {
       auto size = ParseSize(v);
       if (!size.ok()) {
@@ -189,7 +255,8 @@ absl::Status ToOptions(const std::map<std::string, std::string>& values,
 int ParseArgs(int argc, char** argv, AmendArgs* args) {
   OptionParser parser(kUsage);
   parser.Text("format", 'f', &args->format)
-      .Ignore("force", 0, OptionParser::Arg::kNone)
+      .Flag("force", 0, &args->force)
+      .Secrets(&args->policy)
       .Help()
       .List("", 'o', &args->lists)
       .Flag("", 'p', &args->progress)
@@ -217,6 +284,10 @@ int RunAmend(int argc, char** argv) {
       return kExitOk;
     }
   }
+  if (absl::Status s = args.policy.ResolveImage(&args.image, &args.format);
+      !s.ok()) {
+    return ReportFailure(s.message());
+  }
   if (!args.format.empty() && args.format != "qcow2") {
     if (auto s = CheckImageFormat(args.format); !s.ok()) {
       return ReportFailure(s.message());
@@ -229,9 +300,11 @@ int RunAmend(int argc, char** argv) {
   if (absl::Status s = ParseLists(args.lists, &values); !s.ok()) {
     return ReportFailure(s.message());
   }
-  if (absl::Status s = ToOptions(values, &opts); !s.ok()) {
+  if (absl::Status s = ToOptions(values, args.policy, &opts); !s.ok()) {
     return ReportFailure(s.message());
   }
+  opts.key_secret = args.policy.key_secret;
+  opts.force = args.force;
   Progress progress(args.progress && !args.quiet, 0.01f);
   float shown = 0;
   opts.progress = [&](uint64_t done, uint64_t total) {

@@ -72,6 +72,7 @@ absl::Status InspectBacking(CreateRequest* req) {
   OpenOptions oo;
   oo.format = o.backing_format;
   oo.open_backing = false;
+  oo.metadata_only = true;  // as qemu-img: an encrypted one needs no key
   auto backing = Image::Open(path, oo);
   if (!backing.ok()) {
     return absl::Status(backing.status().code(),

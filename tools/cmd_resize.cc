@@ -206,6 +206,7 @@ int RunResize(int argc, char** argv) {
   opts.read_write = true;
   opts.format = args.format;
   opts.key_secret = args.policy.key_secret;
+  opts.backing_key_secrets = args.policy.backing_key_secrets;
   auto image = Image::Open(args.image, opts);
   if (!image.ok()) return ReportFailure(image.status().message());
   const uint64_t current = (*image)->size();

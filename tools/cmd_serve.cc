@@ -301,6 +301,7 @@ OpenOptions ServeOpenOptions(const ServeArgs& a) {
   opts.force_share = a.force_share;
   opts.backing_root = a.backing_root;
   opts.key_secret = a.secrets.key_secret;
+  opts.backing_key_secrets = a.secrets.backing_key_secrets;
   return opts;
 }
 

@@ -109,6 +109,7 @@ int OpenAndServe(const VhostArgs& a, int ready_fd) {
   opts.format = a.format.empty() ? "qcow2" : a.format;
   opts.direct_io = a.direct;
   opts.key_secret = a.secrets.key_secret;
+  opts.backing_key_secrets = a.secrets.backing_key_secrets;
   auto image = Image::Open(a.image, opts);
   if (!image.ok()) {
     if (a.format.empty() && absl::IsDataLoss(image.status())) {

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Changing the format options of an existing qcow2 image in place, as
 // `qemu-img amend` does: the compatibility level (v2 "0.10" <-> v3 "1.1"),
-// lazy refcounts, the refcount width and the virtual size.
+// lazy refcounts, the refcount width, the virtual size, and the key slots
+// of a LUKS-encrypted image (encrypt.state, encrypt.new-secret, ...).
 //
 //   qcow2::AmendOptions opts;
 //   opts.refcount_bits = 64;
@@ -16,7 +17,11 @@
 // bytes of the file, except a compat change, which rewrites cluster 0 as
 // qemu-img does). A power cut leaves the image readable, with the same
 // guest data, in its old state or the new one (or between steps of a
-// multi-option amend), at most with leaked clusters.
+// multi-option amend), at most with leaked clusters. A key-slot change
+// writes a slot's key material before the LUKS header that enables it,
+// and disables a slot in the header before its material is overwritten:
+// after a power cut every secret that opened the image before still
+// opens it, except the secret of a slot being erased or overwritten.
 #ifndef QCOW2_AMEND_H_
 #define QCOW2_AMEND_H_
 
@@ -30,6 +35,32 @@
 #include "qcow2/file.h"
 
 namespace qcow2 {
+
+// Key-slot changes of a LUKS-encrypted image, QEMU 7.2's `qemu-img amend
+// -o encrypt.state=...,encrypt.new-secret=ID,...` (secrets here are the
+// passphrase bytes, not ids). QEMU's rules, with its messages:
+//  - state "active": new_secret required, old_secret refused; the secret
+//    goes into `keyslot` (0..7) or the first free slot; an active slot is
+//    overwritten only with AmendOptions::force;
+//  - state "inactive": new_secret and iter_time refused; erases `keyslot`
+//    (which must hold old_secret when that is given too), or every slot
+//    that old_secret opens; erasing the last active slot(s), or an
+//    inactive slot, only with force (the data is then lost for good).
+// Overwriting an active slot (force) first puts the new secret into a
+// free slot, so that a power cut never leaves the image without a slot
+// that opens; that slot is erased again at the end.
+struct KeySlotAmendment {
+  std::string state;  // "active" or "inactive"
+  std::optional<std::string> new_secret;
+  std::optional<std::string> old_secret;
+  std::optional<int64_t> keyslot;
+  // PBKDF2 time for the new slot (encrypt.iter-time; QEMU's 2000 when not
+  // given). Measuring costs at least half a second of CPU, as in QEMU.
+  std::optional<uint64_t> iter_time_ms;
+  // A fixed PBKDF2 iteration count (at least 1000) for the new slot instead
+  // of measuring iter_time_ms (tests). 0: measure.
+  uint32_t iterations = 0;
+};
 
 // What to change. Fields left empty keep the image's value.
 struct AmendOptions {
@@ -64,6 +95,22 @@ struct AmendOptions {
   // ("Cannot amend the backing file"; `qcowtool rebase -u` changes them).
   std::optional<std::string> backing_file;
   std::optional<std::string> backing_format;
+
+  // The key slots of a LUKS-encrypted image (see KeySlotAmendment). On an
+  // unencrypted image: kInvalidArgument, qemu-img's "Can't amend
+  // encryption options - encryption not present".
+  std::optional<KeySlotAmendment> encrypt;
+
+  // The secret of a LUKS-encrypted image (QEMU's encrypt.key-secret). As
+  // qemu-img opens the image with it before amending anything, an
+  // encrypted image is amended only with a secret that opens one of its
+  // key slots (kPermissionDenied otherwise, the file untouched); key-slot
+  // changes take the master key from it.
+  std::string key_secret;
+
+  // qemu-img amend --force: lets encrypt overwrite an active key slot and
+  // erase the last active ones.
+  bool force = false;
 
   // Progress, as qemu-img -p shows it: called with work done and total
   // work (arbitrary units, done <= total), at least once at the end.

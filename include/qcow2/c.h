@@ -118,6 +118,10 @@ QCOW2_EXPORT qcow2_image_t* qcow2_image_open(const char* path, int read_write,
  *   key-secret-file=PATH the secret of LUKS-encrypted images (the file's
  *                        bytes; without it, or wrong: -EACCES). Copies
  *                        the library makes are wiped after the unlock.
+ *   metadata-only=on|off read-only only: open an encrypted image without
+ *                        its secret for its metadata (size, chain, as
+ *                        qemu-img info); reads of its data fail with
+ *                        -EPERM and the buffer is zeroed; default off
  * An unknown key or bad value fails with -EINVAL naming it. */
 QCOW2_EXPORT qcow2_image_t* qcow2_image_open_opts(const char* path,
                                                   const char* options,

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace qcow2 {
 
@@ -88,13 +89,22 @@ struct OpenOptions {
 
   // The secret (passphrase bytes) of a LUKS-encrypted image (qcow2
   // crypt_method 2, QEMU's encrypt.key-secret), tried on every encrypted
-  // image of the chain. An encrypted image opened without it, or with one
+  // image of the chain that backing_key_secrets gives no secret of its
+  // own. An encrypted image opened without it, or with one
   // no key slot accepts, fails with kPermissionDenied and is not written.
   // The library wipes its own copies once the key slots are unlocked (the
   // caller's string is the caller's to wipe; docs/security.md). Legacy
   // AES (crypt_method 1) is refused, as QEMU 7.2's emulators refuse it.
   // Default: empty.
   std::string key_secret;
+
+  // The secrets of the backing images, by depth, for chains whose
+  // encrypted images have different secrets (QEMU's
+  // backing.encrypt.key-secret, backing.backing.encrypt.key-secret, ...):
+  // [0] is the top's backing file, [1] the backing file of that, and so
+  // on. An empty or missing entry means key_secret. Wiped as key_secret
+  // is. Default: empty.
+  std::vector<std::string> backing_key_secrets;
 
   // Open for the image's metadata only, as `qemu-img info` does (QEMU's
   // BDRV_O_NO_IO): an encrypted image of the chain opens without

@@ -248,6 +248,9 @@ absl::Status ApplyOpenOption(absl::string_view key, absl::string_view v,
     o->lock = b;
   } else if (key == "key-secret-file") {
     return ReadSecretFile(key, v, &o->key_secret);
+  } else if (key == "metadata-only") {
+    if (!ParseSwitch(v, &b)) return BadValue(key, v, "on or off");
+    o->metadata_only = b;
   } else if (key == "max-chain") {
     if (!absl::SimpleAtoi(v, &n) || n == 0 || n > 4096) {
       return BadValue(key, v, "a depth from 1 to 4096");
@@ -258,7 +261,7 @@ absl::Status ApplyOpenOption(absl::string_view key, absl::string_view v,
         "unknown option '", key,
         "' (known: read-only, format, direct, cache-size, "
         "refcount-cache-size, backing, backing-root, force-share, locking, "
-        "no-flush, max-chain, key-secret-file)"));
+        "no-flush, max-chain, key-secret-file, metadata-only)"));
   }
   return absl::OkStatus();
 }

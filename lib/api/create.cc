@@ -108,6 +108,7 @@ absl::StatusOr<uint64_t> BackingSize(const std::string& path,
   OpenOptions oo;
   oo.format = o.backing_format;
   oo.opener = o.opener;
+  oo.metadata_only = true;  // its size only: an encrypted one needs no key
   auto image = Image::Open(resolved, oo);
   if (!image.ok()) {
     return absl::Status(image.status().code(),

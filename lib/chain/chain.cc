@@ -122,10 +122,12 @@ absl::StatusOr<std::unique_ptr<Chain>> Chain::Open(std::unique_ptr<File> top,
   // The key secret is not kept once every layer is unlocked (reopening an
   // encrypted layer later needs it again from the caller).
   WipeString(&chain->opts_.key_secret);
+  for (std::string& s : chain->opts_.backing_key_secrets) WipeString(&s);
   chain->layers_.push_back(std::move(layer));
 
   OpenOptions backing_opts = opts;
   backing_opts.read_write = false;
+  for (std::string& s : backing_opts.backing_key_secrets) WipeString(&s);
   struct Wiper {
     std::string* s;
     ~Wiper() { WipeString(s); }
@@ -163,6 +165,14 @@ absl::StatusOr<std::unique_ptr<Chain>> Chain::Open(std::unique_ptr<File> top,
           absl::StrCat(cur->filename(), ": cannot open backing file '", name,
                        "': ", file.status().message()));
     }
+    // This layer's own secret, else the chain's (wiped on the way out).
+    const size_t below_depth = chain->layers_.size();
+    WipeString(&backing_opts.key_secret);
+    backing_opts.key_secret =
+        below_depth <= opts.backing_key_secrets.size() &&
+                !opts.backing_key_secrets[below_depth - 1].empty()
+            ? opts.backing_key_secrets[below_depth - 1]
+            : opts.key_secret;
     auto below = OpenLayer(std::move(file).value(), cur->backing_format(),
                            backing_opts);
     if (!below.ok()) return below.status();

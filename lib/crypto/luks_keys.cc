@@ -201,9 +201,23 @@ absl::StatusOr<SecureBuffer> UnlockLuks(const LuksHeader& h,
         absl::StrCat(where, ": no LUKS key slot is enabled"));
   }
   return absl::PermissionDeniedError(
-      absl::StrCat(where, ": invalid password/secret for LUKS key slots ",
-                   absl::StrJoin(tried, ", "),
-                   " (no enabled slot opens with it)"));
+      absl::StrCat(where, ": Invalid password, cannot unlock any keyslot "
+                          "(LUKS key slots tried: ",
+                   absl::StrJoin(tried, ", "), ")"));
+}
+
+absl::StatusOr<bool> SlotOpens(const LuksHeader& h,
+                               absl::Span<const uint8_t> area, size_t slot,
+                               absl::Span<const uint8_t> secret) {
+  if (slot >= kLuksNumSlots || !h.slots[slot].enabled()) return false;
+  const LuksKeySlot& s = h.slots[slot];
+  if (uint64_t{s.key_offset} * kLuksSectorSize + SlotMaterialBytes(h, s) >
+      area.size()) {
+    return absl::DataLossError(absl::StrCat(
+        "LUKS key slot ", slot, " material lies past the area"));
+  }
+  SecureBuffer key(h.key_bytes);
+  return TrySlot(h, s, area, secret, &key);
 }
 
 absl::StatusOr<CipherSpec> CipherSpecFromOptions(const LuksCreateOptions& o) {
@@ -325,14 +339,14 @@ absl::StatusOr<size_t> AddKeySlot(LuksHeader& h, absl::Span<uint8_t> area,
 }
 
 absl::Status EraseKeySlot(LuksHeader& h, absl::Span<uint8_t> area,
-                          size_t slot) {
+                          size_t slot, bool allow_last) {
   if (slot >= kLuksNumSlots) {
     return absl::InvalidArgumentError(
         absl::StrCat("key slot ", slot, " does not exist (0..7)"));
   }
   size_t enabled = 0;
   for (const LuksKeySlot& s : h.slots) enabled += s.enabled();
-  if (h.slots[slot].enabled() && enabled == 1) {
+  if (h.slots[slot].enabled() && enabled == 1 && !allow_last) {
     return absl::FailedPreconditionError(
         "refusing to erase the last enabled LUKS key slot (the image would "
         "be unreadable)");

@@ -34,13 +34,20 @@ void AfMerge(const HashAlg& hash, absl::Span<const uint8_t> split,
 
 // Tries every enabled slot of `h` with `secret`; `area` is the whole
 // encryption area (header and key material). Returns the master key, or
-// kPermissionDenied "invalid password/secret for LUKS key slots N, M" when
+// kPermissionDenied "Invalid password, cannot unlock any keyslot (LUKS key
+// slots tried: N, M)" (QEMU's words first) when
 // no slot opens, or kFailedPrecondition when no slot is enabled. `where`
 // names the image in messages; the secret is never part of one.
 absl::StatusOr<SecureBuffer> UnlockLuks(const LuksHeader& h,
                                         absl::Span<const uint8_t> area,
                                         absl::Span<const uint8_t> secret,
                                         const std::string& where);
+
+// Whether `secret` opens slot `slot` of `h` (false when the slot is
+// disabled): QEMU's per-slot test when amend erases slots by old secret.
+absl::StatusOr<bool> SlotOpens(const LuksHeader& h,
+                               absl::Span<const uint8_t> area, size_t slot,
+                               absl::Span<const uint8_t> secret);
 
 // The `encrypt.*` creation options (QEMU's names and defaults).
 struct LuksCreateOptions {
@@ -95,9 +102,10 @@ absl::StatusOr<size_t> AddKeySlot(LuksHeader& h, absl::Span<uint8_t> area,
                                   uint32_t iter_time_ms, uint32_t iterations);
 
 // EraseKeySlot disables `slot` and overwrites its key material with random
-// bytes. Refuses (kFailedPrecondition) to erase the last enabled slot.
+// bytes. Refuses (kFailedPrecondition) to erase the last enabled slot
+// unless `allow_last` (qemu-img amend --force).
 absl::Status EraseKeySlot(LuksHeader& h, absl::Span<uint8_t> area,
-                          size_t slot);
+                          size_t slot, bool allow_last = false);
 
 }  // namespace qcow2::internal
 

@@ -12,7 +12,12 @@ absl::StatusOr<std::unique_ptr<LuksVolume>> LuksVolume::Open(
     const std::string& where) {
   ASSIGN_OR_RETURN(LuksHeader h, DecodeLuksHeader(area, where));
   ASSIGN_OR_RETURN(SecureBuffer key, UnlockLuks(h, area, secret, where));
-  ASSIGN_OR_RETURN(auto cipher, SectorCipher::Create(h.spec, key.span()));
+  return FromKey(std::move(h), key.span());
+}
+
+absl::StatusOr<std::unique_ptr<LuksVolume>> LuksVolume::FromKey(
+    LuksHeader h, absl::Span<const uint8_t> master_key) {
+  ASSIGN_OR_RETURN(auto cipher, SectorCipher::Create(h.spec, master_key));
   return std::unique_ptr<LuksVolume>(
       new LuksVolume(std::move(h), std::move(cipher)));
 }

@@ -29,6 +29,10 @@ class LuksVolume final : public DataCipher {
       absl::Span<const uint8_t> area, absl::Span<const uint8_t> secret,
       const std::string& where);
 
+  // A volume keyed with a master key already unlocked (amend holds one).
+  static absl::StatusOr<std::unique_ptr<LuksVolume>> FromKey(
+      LuksHeader h, absl::Span<const uint8_t> master_key);
+
   // In place, for data at `host_offset` in the image file. REQUIRES (else
   // kInvalidArgument): host_offset and data.size() multiples of 512.
   // Thread-safe.

@@ -302,8 +302,8 @@ absl::Status CheckFeatures(const Header& h, const std::string& filename,
         "LUKS-encrypted image"));
   }
   if (h.crypt_method != 0 && !(luks_ok && h.crypt_method == 2)) {
-    // LUKS (2): the driver unlocks it with a key (lib/crypto); code that
-    // would touch guest data without one (amend) refuses it.
+    // LUKS (2): the driver and amend unlock it with a key (lib/crypto);
+    // callers that have no key refuse it.
     return absl::UnimplementedError(absl::StrCat(
         filename, ": encrypted images are not supported (crypt_method ",
         h.crypt_method, h.crypt_method == 2 ? ", LUKS" : ", unknown method",

@@ -1,11 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // qemu-img amend: the checks, then the steps (see amend.h). Phases:
-//   1. read the header; check every option against it and refuse, with
-//      qemu-img 7.2's message, before anything is written;
+//   1. read the header (and unlock a LUKS-encrypted image with the
+//      caller's secret, as qemu-img's open does); check every option
+//      against it and refuse, with qemu-img 7.2's message, before anything
+//      is written;
 //   2. a dirty image (lazy refcounts) has its refcounts rebuilt, as
 //      QEMU's read-write open does;
 //   3. upgrade to version 3 (cluster 0 rewritten: header length 112, the
 //      feature-name table);
+//   3a. the LUKS key slots (amend_luks.cc);
 //   4. the refcount width (amend_refcounts.cc);
 //   5. lazy refcounts on or off (one header write);
 //   6. the virtual size (through the caller's resizer: Image::Resize);
@@ -42,7 +45,7 @@ absl::Status AmendTarget::Load() {
   std::vector<uint8_t> c0(std::max<uint64_t>(want, 512));
   RETURN_IF_ERROR(file->ReadAt(0, absl::MakeSpan(c0)));
   ASSIGN_OR_RETURN(h, DecodeHeader(c0, file->name()));
-  RETURN_IF_ERROR(CheckFeatures(h, file->name()));
+  RETURN_IF_ERROR(CheckFeatures(h, file->name(), /*luks_ok=*/true));
   return ValidateHeaderTables(h, file_size, file->name());
 }
 
@@ -123,9 +126,11 @@ struct AmendPlan {
   uint32_t old_order = 4, new_order = 4;
   bool old_lazy = false, new_lazy = false;
   uint64_t old_size = 0, new_size = 0;
+  std::optional<KeySlotPlan> keyslots;
   int steps() const {
     return (new_version != old_version) + (new_order != old_order) +
-           (new_lazy != old_lazy) + (new_size != old_size);
+           (new_lazy != old_lazy) + (new_size != old_size) +
+           keyslots.has_value();
   }
 };
 
@@ -224,10 +229,15 @@ absl::Status CheckSize(AmendTarget* t, const AmendPlan& p) {
   return absl::OkStatus();
 }
 
-// Every check, in qemu-img's order; nothing is written.
-absl::StatusOr<AmendPlan> Check(AmendTarget* t, const AmendOptions& o) {
+// Every check, in qemu-img's order; nothing is written. `luks` is the
+// unlocked area of an encrypted image, else null.
+absl::StatusOr<AmendPlan> Check(AmendTarget* t, const AmendOptions& o,
+                                const AmendLuks* luks) {
   const Header& h = t->h;
   AmendPlan p;
+  if (o.encrypt && luks == nullptr) {
+    return Refuse("Can't amend encryption options - encryption not present");
+  }
   p.old_version = p.new_version = h.version;
   p.old_order = p.new_order = h.refcount_order;
   p.old_lazy = p.new_lazy = (h.compatible_features & kCompatLazyRefcounts) != 0;
@@ -274,6 +284,9 @@ absl::StatusOr<AmendPlan> Check(AmendTarget* t, const AmendOptions& o) {
   }
   if (p.new_size != p.old_size) RETURN_IF_ERROR(CheckSize(t, p));
   if (p.new_version < p.old_version) RETURN_IF_ERROR(CheckDowngrade(t, p));
+  if (o.encrypt) {
+    ASSIGN_OR_RETURN(p.keyslots, CheckKeySlots(*luks, *o.encrypt, o.force));
+  }
   return p;
 }
 
@@ -373,7 +386,10 @@ absl::Status AmendQcow2(File* file, const AmendOptions& opts,
   t.file = file;
   t.progress = opts.progress;
   RETURN_IF_ERROR(t.Load());
-  ASSIGN_OR_RETURN(const AmendPlan p, Check(&t, opts));
+  ASSIGN_OR_RETURN(std::unique_ptr<AmendLuks> luks,
+                   UnlockForAmend(&t, opts.key_secret));
+  if (luks != nullptr) t.cipher = luks->volume.get();
+  ASSIGN_OR_RETURN(const AmendPlan p, Check(&t, opts, luks.get()));
   const uint64_t total = std::max(p.steps(), 1);
   uint64_t done = 0;
   auto step_done = [&] {
@@ -388,6 +404,10 @@ absl::Status AmendQcow2(File* file, const AmendOptions& opts,
   RETURN_IF_ERROR(CleanIfDirty(&t));
   if (p.new_version > p.old_version) {
     RETURN_IF_ERROR(Upgrade(&t));
+    step_done();
+  }
+  if (p.keyslots) {
+    RETURN_IF_ERROR(ApplyKeySlots(&t, luks.get(), *p.keyslots, *opts.encrypt));
     step_done();
   }
   if (p.new_order != t.h.refcount_order) {

@@ -14,9 +14,14 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "lib/crypto/luks_header.h"
+#include "lib/crypto/luks_volume.h"
+#include "lib/crypto/secure_buffer.h"
+#include "lib/format/crypto_ext.h"
 #include "lib/format/header.h"
 #include "lib/meta/refcounts.h"
 #include "qcow2/amend.h"
@@ -39,6 +44,9 @@ struct AmendTarget {
   Header h;
   uint64_t file_size = 0;
   std::function<void(uint64_t, uint64_t)> progress;  // may be empty
+  // Encrypts what amend writes as guest data (the zeros of a downgrade)
+  // on a LUKS-encrypted image; null otherwise. Not owned.
+  const DataCipher* cipher = nullptr;
 
   // Reads and validates the header (again).
   absl::Status Load();
@@ -80,6 +88,42 @@ absl::StatusOr<bool> HasCompressedClusters(AmendTarget* t);
 // what version 2 can express (QEMU's qcow2_expand_zero_clusters).
 // REQUIRES: standard L2 entries, a clean image.
 absl::Status ExpandZeroClusters(AmendTarget* t);
+
+// The LUKS area of an encrypted image being amended (amend_luks.cc),
+// unlocked with the caller's secret.
+struct AmendLuks {
+  CryptoExtension ext;
+  std::vector<uint8_t> area;  // header and key material, as in the file
+  LuksHeader header;
+  SecureBuffer master_key;
+  std::unique_ptr<LuksVolume> volume;  // the payload cipher
+};
+
+// For a LUKS-encrypted image (crypt_method 2): reads its area and unlocks
+// it with `secret`, as qemu-img's open does (kPermissionDenied, QEMU's
+// words, for a missing or wrong secret). nullptr for an unencrypted image.
+// Reads only.
+absl::StatusOr<std::unique_ptr<AmendLuks>> UnlockForAmend(
+    AmendTarget* t, const std::string& secret);
+
+// What a key-slot amendment does, decided before anything is written.
+struct KeySlotPlan {
+  std::vector<size_t> erase;    // slots to erase, in order
+  std::optional<size_t> fill;   // the slot that gets the new secret
+};
+
+// QEMU 7.2's checks of a key-slot amendment (qcow2/amend.h), with its
+// messages (kInvalidArgument). Tries old_secret on the slots: PBKDF2.
+absl::StatusOr<KeySlotPlan> CheckKeySlots(const AmendLuks& l,
+                                          const KeySlotAmendment& a,
+                                          bool force);
+
+// Applies `p`: each slot filled by writing its material, a flush, then
+// the LUKS header and a flush; each slot erased by the header first, then
+// its material overwritten. An active slot filled (force) is first backed
+// by a free slot with the new secret, erased at the end.
+absl::Status ApplyKeySlots(AmendTarget* t, AmendLuks* l, const KeySlotPlan& p,
+                           const KeySlotAmendment& a);
 
 }  // namespace qcow2::internal
 

@@ -19,8 +19,10 @@ namespace {
 
 // Resizes through an Image over `file`, which the caller keeps (and
 // keeps locked).
-absl::Status ResizeThrough(File* file, uint64_t new_size) {
+absl::Status ResizeThrough(File* file, uint64_t new_size,
+                           const std::string& key_secret) {
   OpenOptions oo;
+  oo.key_secret = key_secret;
   oo.read_write = true;
   oo.format = "qcow2";
   oo.open_backing = false;  // the size needs no backing data
@@ -47,7 +49,9 @@ absl::Status AmendImage(const std::string& path, const AmendOptions& opts) {
   }
   File* f = file.get();
   return internal::AmendQcow2(
-      f, opts, [f](uint64_t size) { return ResizeThrough(f, size); });
+      f, opts, [f, &opts](uint64_t size) {
+        return ResizeThrough(f, size, opts.key_secret);
+      });
 }
 
 }  // namespace qcow2

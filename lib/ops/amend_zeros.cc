@@ -87,6 +87,17 @@ class ZeroExpander {
     return off;
   }
 
+  // A cluster the guest reads as zeros. On an encrypted image that is the
+  // ciphertext of zeros at its host offset: plain zeros would decrypt to
+  // noise (QEMU 7.2 writes plain zeros here, and its downgraded image
+  // then reads garbage where the guest had zeros).
+  absl::Status WriteZeroCluster(uint64_t off) {
+    if (t_->cipher == nullptr) return t_->file->WriteZeroes(off, cs_);
+    std::vector<uint8_t> buf(cs_, 0);
+    RETURN_IF_ERROR(t_->cipher->Encrypt(off, absl::MakeSpan(buf)));
+    return t_->file->WriteAt(off, buf);
+  }
+
   absl::Status Table(uint64_t table, std::vector<uint64_t>* entries) {
     ASSIGN_OR_RETURN(const uint64_t users,
                      refs_->Get(table >> t_->h.cluster_bits));
@@ -121,7 +132,7 @@ class ZeroExpander {
     RETURN_IF_ERROR(t_->file->Flush());
     for (uint64_t off : to_zero) {
       EmitEvent("zero-expand-write");
-      RETURN_IF_ERROR(t_->file->WriteZeroes(off, cs_));
+      RETURN_IF_ERROR(WriteZeroCluster(off));
     }
     if (!to_zero.empty()) RETURN_IF_ERROR(t_->file->Flush());
     std::vector<uint8_t> raw(cs_);

@@ -176,6 +176,7 @@ absl::Status OpenSide(const Env& env, const PatternFlags& p, Side* side) {
   OpenOptions open = BenchOpenOptions(env.direct, p.write, format);
   open.force_share = p.force_share;
   open.key_secret = secrets.key_secret;
+  open.backing_key_secrets = secrets.backing_key_secrets;
   auto image = Image::Open(side->path, open);
   if (!image.ok()) return image.status();
   side->image = std::move(*image);

@@ -336,6 +336,14 @@ impl OpenOptions {
         self
     }
 
+    /// `metadata-only=`: read-only only; open an encrypted image without
+    /// its secret for its metadata (size, chain), as `qemu-img info`
+    /// does. Reads of its data then fail with `EPERM` (the buffer zeroed).
+    pub fn metadata_only(mut self, on: bool) -> Self {
+        self.options.switch("metadata-only", on);
+        self
+    }
+
     /// `max-chain=`: the deepest backing file accepted (the top image is
     /// depth 0, its backing file 1 ...; default 64).
     pub fn max_chain(mut self, depth: u32) -> Self {
