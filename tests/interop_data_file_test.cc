@@ -566,8 +566,8 @@ TEST(DataFileTest, CliMatchesQemuImg) {
       ExpectSameOutput(dir, {"info", "--output=json", img});
       ExpectSameOutput(dir, {"check", img});
       ExpectSameOutput(dir, {"check", "--output=json", img});
-      // `map`: the file column names the data file (see MapNamesDataFile;
-      // QEMU's recursion into the data file's holes is not matched yet).
+      ExpectSameOutput(dir, {"map", img});
+      ExpectSameOutput(dir, {"map", "--output=json", img});
     }
   }
 }
