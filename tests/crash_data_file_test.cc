@@ -214,11 +214,11 @@ TEST_P(CrashDataFileTest, PowerCutAtEveryStep) {
   int cut_points = 0;
   const bool long_tests = LongTests();
   for (uint64_t cut = 1; cut <= total; ++cut) {
-    // Default: every cut within 10 operations of either end, every other
+    // Default: every cut within 8 operations of either end, every third
     // one between, all unflushed writes dropped (qemu-img judges each
     // cut: about 80 ms). QCOW2_LONG_TESTS: every cut, every variant.
-    const bool near_end = cut <= 10 || cut + 10 > total;
-    if (!long_tests && !near_end && cut % 2 != 0) continue;
+    const bool near_end = cut <= 8 || cut + 8 > total;
+    if (!long_tests && !near_end && cut % 3 != 0) continue;
     const int variants = long_tests ? 3 : 1;
     std::mt19937 rng(static_cast<uint32_t>(cut));
     for (int variant = 0; variant < variants; ++variant) {
