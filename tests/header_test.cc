@@ -908,8 +908,13 @@ std::vector<BadCase> FeatureCases() {
       {"ExternalDataFileWithoutName",
        [](Spec& s) { s.incompatible = kIncompatDataFile; },
        NoPatch,
-       kUnimplemented,
-       {"external data file"}},
+       kDataLoss,
+       {"external data file bit is set", "no data file"}},
+      {"RawDataFileBitWithoutDataFile",
+       [](Spec& s) { s.autoclear = kAutoclearDataFileRaw; },
+       NoPatch,
+       kDataLoss,
+       {"raw external data bit is set"}},
   };
 }
 
@@ -935,7 +940,9 @@ TEST(CheckFeaturesTest, AcceptsKnownAndOptionalBits) {
                    kIncompatExtendedL2;
   s.compression_type = 1;
   s.compatible = ~uint64_t{0};  // unknown compatible bits are ignorable
-  s.autoclear = ~uint64_t{0};   // unknown autoclear bits get cleared
+  // Unknown autoclear bits get cleared; the raw external data bit needs a
+  // data file (QEMU refuses it alone: RawDataFileBitWithoutDataFile).
+  s.autoclear = ~kAutoclearDataFileRaw;
   ASSERT_OK_AND_ASSIGN(Header h, Decode(Build(s)));
   EXPECT_OK(CheckFeatures(h, kFile));
 }

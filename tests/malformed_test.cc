@@ -85,7 +85,7 @@ constexpr const char* kCases[] = {
     "incompat_unknown_unnamed",
     "refcount_order_7",
     "crypt_method_aes",
-    "external_data_file",
+    "external_data_file_unnamed",
     "compression_type_unknown",
     "corrupt_bit",
     "dirty_bit",

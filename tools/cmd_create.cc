@@ -116,6 +116,8 @@ std::string FormattingLine(const CreateRequest& req) {
     absl::StrAppend(&line, " backing_fmt=", o.backing_format);
   }
   if (req.compat) absl::StrAppend(&line, " compat=", *req.compat);
+  if (!o.data_file.empty()) absl::StrAppend(&line, " data_file=", o.data_file);
+  if (o.data_file_raw) absl::StrAppend(&line, " data_file_raw=on");
   absl::StrAppend(&line, " lazy_refcounts=", o.lazy_refcounts ? "on" : "off",
                   " refcount_bits=", o.refcount_bits);
   return line;

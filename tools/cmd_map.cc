@@ -128,9 +128,15 @@ int RunMap(int argc, char** argv) {
   args.policy.ApplyTo(&opts);
   auto image = Image::Open(args.image, opts);
   if (!image.ok()) return ReportError(image.status());
-  const std::vector<std::string> names =
-      QemuChainNames(args.image, (*image)->GetChainInfo());
-  MapWalker walker(image->get(), names);
+  const std::vector<LayerInfo> chain = (*image)->GetChainInfo();
+  const std::vector<std::string> images = QemuChainNames(args.image, chain);
+  std::vector<std::string> names = images;
+  for (size_t i = 0; i < chain.size(); ++i) {
+    // Data extents of a layer with an external data file are in that
+    // file, which QEMU names as the image stores it (and opens it).
+    if (chain[i].has_data_file) names[i] = chain[i].data_file;
+  }
+  MapWalker walker(image->get(), images);
 
   uint64_t length = (*image)->size();
   if (args.max_length) {

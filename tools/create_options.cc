@@ -29,6 +29,9 @@ constexpr OptionSpec kOptionSpecs[] = {
     {"compression_type", "<str>",
      "Compression method used for image cluster compression (zlib, zstd)",
      false},
+    {"data_file", "<str>", "File name of an external data file", false},
+    {"data_file_raw", "<bool (on/off)>",
+     "The external data file must stay valid as a raw image", false},
     {"encrypt.cipher-alg", "<str>",
      "Name of encryption cipher algorithm (aes-256 by default)", false},
     {"encrypt.cipher-mode", "<str>",
@@ -63,8 +66,7 @@ const OptionSpec* FindOption(std::string_view name) {
 
 // qemu-img options that qcowtool recognises but does not implement.
 bool IsUnsupportedQemuOption(std::string_view name) {
-  return name == "data_file" || name == "data_file_raw" ||
-         name == "encryption" || name.substr(0, 8) == "encrypt.";  // others
+  return name == "encryption" || name.substr(0, 8) == "encrypt.";  // others
 }
 
 // Splits "a=1,b=x,,y" into {"a=1", "b=x,y"} (",," is a literal comma, as
@@ -227,6 +229,12 @@ absl::Status ApplyOption(const std::string& key, const std::string& v,
       return absl::InvalidArgumentError(
           absl::StrCat("compression_type '", v, "' is not one of zlib, zstd"));
     }
+  } else if (key == "data_file") {
+    o.data_file = v;
+  } else if (key == "data_file_raw") {
+    auto b = ParseBool(key, v);
+    if (!b.ok()) return b.status();
+    o.data_file_raw = *b;
   } else if (key == "extended_l2") {
     auto b = ParseBool(key, v);
     if (!b.ok()) return b.status();

@@ -91,6 +91,14 @@ Json Qcow2SpecificData(const LayerInfo& info) {
       Json::String(info.compression_type == CompressionType::kZstd ? "zstd"
                                                                    : "zlib"));
   if (v3) data.Set("extended-l2", Json::Bool(info.extended_l2));
+  // As QEMU: the stored name whenever there is one, the raw flag only
+  // when the image uses its data file.
+  if (!info.data_file.empty()) {
+    data.Set("data-file", Json::String(info.data_file));
+  }
+  if (info.has_data_file) {
+    data.Set("data-file-raw", Json::Bool(info.data_file_raw));
+  }
   if (info.encryption) data.Set("encrypt", EncryptJson(*info.encryption));
   if (std::optional<Json> bitmaps = BitmapsJson(info)) {
     data.Set("bitmaps", std::move(*bitmaps));

@@ -31,7 +31,14 @@ const HostFile* MapWalker::HostFor(int depth) {
     auto host = HostFile::Open(names_[depth]);
     if (!host.ok()) return nullptr;
     auto prealloc = DetectMetadataPreallocation(**host);
-    if (prealloc.ok() && *prealloc) l.host = std::move(host).value();
+    if (!prealloc.ok() || !*prealloc) return nullptr;
+    if (infos_[depth].has_data_file) {
+      // The heuristic looks at the qcow2 file; the holes dug into are
+      // the data file's, where the data is (QEMU's *file).
+      host = HostFile::Open(infos_[depth].data_file);
+      if (!host.ok()) return nullptr;
+    }
+    l.host = std::move(host).value();
   }
   return l.host.get();
 }

@@ -83,6 +83,15 @@ struct OpenOptions {
   // Default: false.
   bool no_flush = false;
 
+  // The top image's external data file (QEMU's data-file option),
+  // instead of the name the image stores: used as given (not checked
+  // against backing_root). Only for a top whose incompatible bit 2 is
+  // set. Default: empty: the stored name, refused with a protocol prefix
+  // as a backing name is, kept under backing_root, and opened as QEMU
+  // opens it (a relative name from the working directory, not the
+  // image's).
+  std::string data_file;
+
   // Opens the files. nullptr means DefaultFileOpener(). Not owned; must
   // outlive the image.
   FileOpener* opener = nullptr;
@@ -182,6 +191,18 @@ struct CreateOptions {
 
   // LUKS encryption (qcow2 only); default: none.
   EncryptionOptions encrypt;
+
+  // An external data file for the guest data (qemu-img's data_file): the
+  // name stored in the image. As qemu-img does, the file is created (or
+  // truncated) at that name as given, a relative one from the working
+  // directory, and sized to the disk; opening the image later resolves a
+  // relative name against the image's directory. Needs compat 1.1.
+  // Default: empty (none).
+  std::string data_file;
+  // The data file stays a valid raw image of the disk (data_file_raw):
+  // needs data_file and no backing file; implies at least metadata
+  // preallocation. Default: false.
+  bool data_file_raw = false;
 };
 
 }  // namespace qcow2

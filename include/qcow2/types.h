@@ -129,7 +129,17 @@ struct LayerInfo {
   std::string backing_file;           // as stored in the header
   std::string backing_format;         // from the header extension, if any
   std::string full_backing_filename;  // resolved path of the backing file
-  std::string data_file;              // external data file name, if any
+  // The external data file's name as stored (the name extension, even
+  // when the incompatible bit that makes it used is clear), whether the
+  // image uses one (that bit), and whether it is a valid raw image of
+  // the disk (autoclear bit "raw external data").
+  std::string data_file;
+  bool has_data_file = false;
+  bool data_file_raw = false;
+  // The data file as opened (its path, resolved as a backing name is):
+  // where data extents of this layer are, as `qemu-img map` names it.
+  // Empty without one (or when it is not open).
+  std::string data_file_path;
   // The persistent bitmaps as stored in the file (for a top open
   // read-write, flagged in use until Close(): Image::ListBitmaps() gives
   // their live state). Empty when there are none or the directory cannot

@@ -32,13 +32,42 @@ absl::Status Invalid(const std::string& path, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
 }
 
+// qemu-img's rules for data_file and data_file_raw (its messages).
+absl::Status ValidateDataFile(const std::string& path, const CreateOptions& o) {
+  const bool v2 = o.compat == "0.10" || o.compat == "v2";
+  if (o.data_file_raw && o.data_file.empty()) {
+    return Invalid(path, "data-file-raw requires data-file");
+  }
+  if (o.data_file.empty()) return absl::OkStatus();
+  if (v2) {
+    return Invalid(path,
+                   "External data files are only supported with "
+                   "compatibility level 1.1 and above (use version=v3 or "
+                   "greater)");
+  }
+  if (o.data_file_raw && !o.backing_file.empty()) {
+    return Invalid(path,
+                   "Backing file and data-file-raw cannot be used at the "
+                   "same time");
+  }
+  if (!o.encrypt.format.empty()) {
+    return absl::UnimplementedError(absl::StrCat(
+        path, ": encryption with an external data file is not supported"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateCreate(const std::string& path, const CreateOptions& o) {
   if (o.format == ImageFormat::kRaw) {
     if (!o.backing_file.empty()) {
       return Invalid(path, "raw images cannot have a backing file");
     }
+    if (!o.data_file.empty() || o.data_file_raw) {
+      return Invalid(path, "raw images cannot have a data file");
+    }
     return absl::OkStatus();
   }
+  RETURN_IF_ERROR(ValidateDataFile(path, o));
   const uint32_t cs = o.cluster_size;
   if (cs < 512 || cs > (2u << 20) || (cs & (cs - 1)) != 0) {
     return Invalid(path, absl::StrCat("cluster size ", cs,
@@ -166,6 +195,11 @@ absl::Status CreateQcow2(File* file, const std::string& path,
   if (!v2) h.feature_names = QemuFeatureNames(o.cluster_size);
   h.backing_file = o.backing_file;
   if (!o.backing_format.empty()) h.backing_format = o.backing_format;
+  if (!o.data_file.empty()) {
+    h.incompatible_features |= kIncompatDataFile;
+    h.data_file = o.data_file;
+    if (o.data_file_raw) h.autoclear_features |= kAutoclearDataFileRaw;
+  }
 
   const uint64_t cs = o.cluster_size;
   // LUKS: the area (header and key slots) in the clusters after the L1
@@ -285,17 +319,44 @@ absl::Status WriteNewImage(std::unique_ptr<File> file, const std::string& path,
     return file->Flush();
   }
 
+  std::string data_path;
+  if (!opts.data_file.empty()) {
+    // Made (or emptied) first and sized to the disk, as qemu-img does:
+    // at the name as given (a relative one from the working directory,
+    // as qemu-img makes it), while an open resolves the stored name
+    // against the image's directory.
+    data_path = opts.data_file;
+    FileOptions dfo;
+    dfo.read_only = false;
+    dfo.create = true;
+    FileOpener* opener = opts.opener ? opts.opener : DefaultFileOpener();
+    ASSIGN_OR_RETURN(std::unique_ptr<File> data, opener->Open(data_path, dfo));
+    RETURN_IF_ERROR(data->Truncate(0));
+    RETURN_IF_ERROR(data->Truncate(size));
+    RETURN_IF_ERROR(data->Flush());
+  }
   RETURN_IF_ERROR(CreateQcow2(file.get(), path, opts, size, device));
-  if (opts.preallocation == Preallocation::kOff) return absl::OkStatus();
+  Preallocation prealloc = opts.preallocation;
+  // A raw data file is mapped whole from the start (qemu-img does so):
+  // what is written into it from outside is what the image reads.
+  if (opts.data_file_raw && prealloc == Preallocation::kOff) {
+    prealloc = Preallocation::kMetadata;
+  }
+  if (prealloc == Preallocation::kOff) return absl::OkStatus();
   OpenOptions oo;
   oo.read_write = true;
   oo.open_backing = false;
   oo.format = "qcow2";
   oo.key_secret = opts.encrypt.key_secret;
-  auto opened = Qcow2Layer::Open(std::move(file), oo);
+  oo.opener = opts.opener;
+  oo.data_file = data_path;  // the file just made
+  auto open_data = [&](const std::string&) {
+    return OpenDataFile(path, opts.data_file, oo);
+  };
+  auto opened = Qcow2Layer::Open(std::move(file), oo, open_data);
   WipeString(&oo.key_secret);
   ASSIGN_OR_RETURN(auto layer, std::move(opened));
-  RETURN_IF_ERROR(layer->writer().Preallocate(opts.preallocation));
+  RETURN_IF_ERROR(layer->writer().Preallocate(prealloc));
   return layer->Close();
 }
 

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "lib/base/status_macros.h"
+#include "lib/chain/chain.h"
 #include "lib/engine/engine.h"
 #include "lib/engine/runner.h"
 
@@ -40,13 +41,8 @@ absl::StatusOr<std::unique_ptr<Image>> Image::Open(const std::string& path,
         path, ": force_share can only be used with read-only images"));
   }
   FileOpener* opener = opts.opener ? opts.opener : DefaultFileOpener();
-  FileOptions fo;
-  fo.read_only = !opts.read_write;
-  fo.direct = opts.direct_io;
-  fo.lock = opts.lock;
-  fo.force_share = opts.force_share;
-  fo.no_flush = opts.no_flush;
-  ASSIGN_OR_RETURN(std::unique_ptr<File> file, opener->Open(path, fo));
+  ASSIGN_OR_RETURN(std::unique_ptr<File> file,
+                   opener->Open(path, internal::TopFileOptions(opts)));
   return Open(std::move(file), opts);
 }
 

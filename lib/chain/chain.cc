@@ -78,6 +78,60 @@ absl::StatusOr<std::string> ResolveBackingName(const std::string& image_name,
                     : absl::StrCat(dir, "/", backing);
 }
 
+FileOptions TopFileOptions(const OpenOptions& opts) {
+  FileOptions fo;
+  fo.read_only = !opts.read_write;
+  fo.direct = opts.direct_io;
+  fo.lock = opts.lock;
+  fo.force_share = opts.force_share;
+  fo.no_flush = opts.no_flush;
+  return fo;
+}
+
+absl::StatusOr<std::unique_ptr<File>> OpenDataFile(const std::string& image,
+                                                  const std::string& stored,
+                                                  const OpenOptions& opts) {
+  // An explicit path (QEMU's data-file option) is the caller's own; the
+  // name the image stores is untrusted, as a backing name is (no
+  // protocol prefix, no NUL, under backing_root). Unlike a backing name,
+  // QEMU opens a relative data file name from its working directory, not
+  // the image's: so do we, or an image would name different files for
+  // QEMU and for us.
+  std::string path = opts.data_file;
+  if (path.empty()) {
+    absl::StatusOr<std::string> checked = ResolveBackingName("", stored);
+    if (!checked.ok()) {
+      return absl::Status(checked.status().code(),
+                          absl::StrCat(image, ": external data file: ",
+                                       checked.status().message()));
+    }
+    path = *std::move(checked);
+    if (!opts.backing_root.empty()) {
+      const std::string root = FileKey(opts.backing_root);
+      const std::string key = FileKey(path);
+      if (!absl::StartsWith(key, root + "/")) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            image, ": data file '", stored, "' resolves to ", key,
+            ", outside the allowed directory ", root));
+      }
+    }
+  }
+  if (FileKey(path) == FileKey(image)) {
+    return absl::DataLossError(
+        absl::StrCat(image, ": the external data file is the image itself"));
+  }
+  FileOpener* opener = opts.opener ? opts.opener : DefaultFileOpener();
+  absl::StatusOr<std::unique_ptr<File>> f =
+      opener->Open(path, TopFileOptions(opts));
+  if (!f.ok()) {
+    return absl::Status(
+        f.status().code(),
+        absl::StrCat(image, ": cannot open its external data file '", stored,
+                     "': ", f.status().message()));
+  }
+  return f;
+}
+
 absl::StatusOr<std::unique_ptr<Layer>> OpenLayer(std::unique_ptr<File> file,
                                                  const std::string& format,
                                                  const OpenOptions& opts) {
@@ -88,8 +142,23 @@ absl::StatusOr<std::unique_ptr<Layer>> OpenLayer(std::unique_ptr<File> file,
   bool is_qcow2 = LoadBE32(magic) == kQcowMagic;
   if (fmt.empty()) fmt = is_qcow2 ? "qcow2" : "raw";
   if (fmt == "qcow2") {
-    ASSIGN_OR_RETURN(auto layer, Qcow2Layer::Open(std::move(file), opts));
+    const std::string image = file->name();
+    auto open_data = [&](const std::string& stored)
+        -> absl::StatusOr<std::unique_ptr<File>> {
+      return OpenDataFile(image, stored, opts);
+    };
+    ASSIGN_OR_RETURN(auto layer,
+                     Qcow2Layer::Open(std::move(file), opts, open_data));
+    if (!opts.data_file.empty() && layer->data_file() == layer->file()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          image, ": a data file can only be given for an image with an "
+          "external data file"));
+    }
     return std::unique_ptr<Layer>(std::move(layer));
+  }
+  if (!opts.data_file.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        file->name(), ": a data file can only be given for a qcow2 image"));
   }
   if (fmt == "raw") {
     // Probed (not named) and writable: the guest may not make it probe as
@@ -128,6 +197,8 @@ absl::StatusOr<std::unique_ptr<Chain>> Chain::Open(std::unique_ptr<File> top,
   OpenOptions backing_opts = opts;
   backing_opts.read_write = false;
   for (std::string& s : backing_opts.backing_key_secrets) WipeString(&s);
+  backing_opts.data_file.clear();  // the top's alone
+  backing_opts.no_flush = false;
   struct Wiper {
     std::string* s;
     ~Wiper() { WipeString(s); }
@@ -223,7 +294,7 @@ absl::Status Chain::PlanRead(int depth, uint64_t offset, uint8_t* dest,
         std::memset(dest + pos, 0, e.length);
         break;
       case Extent::kData:
-        plan->Read(layer->file(), e.host_offset, dest + pos, e.length,
+        plan->Read(layer->data_file(), e.host_offset, dest + pos, e.length,
                    category);
         break;
       case Extent::kCompressed: {
@@ -342,7 +413,7 @@ absl::Status Chain::PlanBackingRead(uint64_t offset, uint8_t* dest,
         std::memset(dest + pos, 0, n);
         break;
       case Extent::kData:
-        plan->Read(layers_[p.depth]->file(), p.extent.host_offset + into,
+        plan->Read(layers_[p.depth]->data_file(), p.extent.host_offset + into,
                    dest + pos, n, category);
         break;
       case Extent::kCompressed: {

@@ -29,6 +29,19 @@ int LockFd(File* file);
 
 // Opens one file as a layer of the given format ("qcow2", "raw", or ""
 // to probe).
+// The FileOptions of a chain's top (and its data file) under `opts`.
+FileOptions TopFileOptions(const OpenOptions& opts);
+
+// Opens the external data file that image `image` names `stored`: the
+// path opts.data_file if set, else `stored` checked as a backing name is
+// (ResolveBackingName: no protocol, no NUL) and kept inside
+// opts.backing_root, but opened as it is (a relative name from the
+// working directory, as QEMU opens it); read-write with
+// the image, with its locks (QEMU's), direct I/O and no-flush settings.
+absl::StatusOr<std::unique_ptr<File>> OpenDataFile(const std::string& image,
+                                                  const std::string& stored,
+                                                  const OpenOptions& opts);
+
 absl::StatusOr<std::unique_ptr<Layer>> OpenLayer(std::unique_ptr<File> file,
                                                  const std::string& format,
                                                  const OpenOptions& opts);

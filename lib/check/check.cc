@@ -228,7 +228,9 @@ absl::StatusOr<CheckResult> CheckOnce(File* file, RepairMode mode) {
   }
   ASSIGN_OR_RETURN(Header h, DecodeHeader(c0, name));
   // LUKS: the check reads metadata only, and needs no key.
-  RETURN_IF_ERROR(CheckFeatures(h, name, /*luks_ok=*/true));
+  // A data file: the check reads the image file's metadata only.
+  RETURN_IF_ERROR(
+      CheckFeatures(h, name, /*luks_ok=*/true, /*data_file_ok=*/true));
   RETURN_IF_ERROR(ValidateForCheck(h, name));
   RETURN_IF_ERROR(DecodeCryptoExtension(h, size, name).status());
   const uint64_t clusters = DivRoundUp(size, h.cluster_size());

@@ -138,10 +138,12 @@ absl::Status Checker::CheckCopied(CheckResult* res, RepairMode fix) {
     uint64_t dirty = 0;
     for (uint64_t j = 0; j < s_.h.l2_entries(); ++j) {
       const uint64_t entry = LoadBE64(&l2[j * esize]);
-      const L2Type type = TypeOf(entry, extended);
+      const L2Type type = TypeOf(entry, extended, s_.data_file);
       if (type != L2Type::kNormal && type != L2Type::kZeroAlloc) continue;
+      // A data file's clusters count as referenced once (QEMU).
       absl::StatusOr<uint64_t> drc =
-          s_.stored.Get((entry & kEntryOffsetMask) >> s_.cb);
+          s_.data_file ? absl::StatusOr<uint64_t>(1)
+                       : s_.stored.Get((entry & kEntryOffsetMask) >> s_.cb);
       if (!drc.ok()) continue;
       if ((*drc == 1) == ((entry & kOflagCopied) != 0)) continue;
       ++res->corruptions;

@@ -71,13 +71,16 @@ enum class L2Type {
   kCompressed
 };
 
-inline L2Type TypeOf(uint64_t entry, bool extended) {
+// `data_file`: the image has an external data file, where offset 0 with
+// COPIED is guest cluster 0's data (HasHostCluster).
+inline L2Type TypeOf(uint64_t entry, bool extended, bool data_file = false) {
   if (entry & kOflagCompressed) return L2Type::kCompressed;
   const bool has_offset = (entry & kEntryOffsetMask) != 0;
   if ((entry & kOflagZero) && !extended) {
     return has_offset ? L2Type::kZeroAlloc : L2Type::kZeroPlain;
   }
-  return has_offset ? L2Type::kNormal : L2Type::kUnallocated;
+  return HasHostCluster(entry, data_file) ? L2Type::kNormal
+                                          : L2Type::kUnallocated;
 }
 
 // The expected refcount of every host cluster: 16 bits each, counts of
@@ -261,6 +264,7 @@ struct CheckState {
         cs(h.cluster_size()),
         max_refcount(MaxRefcount(h.refcount_order)),
         file_size(size),
+        data_file((h.incompatible_features & kIncompatDataFile) != 0),
         stored(f, h.cluster_bits, h.refcount_order) {}
 
   // Adds a message line, or counts it once kMaxMessages are kept.
@@ -277,6 +281,9 @@ struct CheckState {
   const uint64_t cs;
   const uint64_t max_refcount;
   uint64_t file_size;
+  // Data clusters live in an external data file: no refcount of this
+  // file counts them (QEMU's has_data_file()).
+  const bool data_file;
   StoredRefcounts stored;
   ExpectedRefcounts expected;
   // Metadata clusters found by the last Calculate().

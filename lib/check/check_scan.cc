@@ -116,7 +116,7 @@ absl::Status ReferenceScan::CheckL2(CheckResult* res, uint64_t l2_offset,
   for (uint64_t i = 0; i < s_.h.l2_entries(); ++i) {
     uint64_t entry = LoadBE64(&table[i * esize]);
     const uint64_t bitmap = extended ? LoadBE64(&table[i * esize + 8]) : 0;
-    const L2Type type = TypeOf(entry, extended);
+    const L2Type type = TypeOf(entry, extended, s_.data_file);
     if (type != L2Type::kCompressed && (entry & kL2StandardReservedMask)) {
       s_.Msg(res, absl::StrCat("ERROR found l2 entry with reserved bits set: ",
                                Hex(entry)));
@@ -187,7 +187,7 @@ absl::Status ReferenceScan::CheckL2(CheckResult* res, uint64_t l2_offset,
           }
           next_contiguous = offset + s_.cs;
         }
-        RETURN_IF_ERROR(Inc(res, offset, s_.cs));
+        if (!s_.data_file) RETURN_IF_ERROR(Inc(res, offset, s_.cs));
         break;
       }
       case L2Type::kZeroPlain:

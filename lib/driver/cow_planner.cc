@@ -20,17 +20,18 @@ namespace {
 // its type under `entry`/`bitmap`, where it starts in the range and in the
 // cluster, and its length. Stops at the first error fn returns.
 template <typename Fn>
-absl::Status ForEachSubcluster(const Geometry& g, uint64_t entry,
-                               uint64_t bitmap, uint64_t offset, uint64_t len,
-                               Fn fn) {
+absl::Status ForEachSubcluster(const Geometry& g, bool data_file,
+                               uint64_t entry, uint64_t bitmap,
+                               uint64_t offset, uint64_t len, Fn fn) {
   uint64_t n = 0;
   for (uint64_t pos = 0; pos < len; pos += n) {
     const uint64_t in_cluster = (offset + pos) & (g.cluster_size - 1);
     const int sc = static_cast<int>(in_cluster / g.subcluster_size);
     n = std::min<uint64_t>(len - pos,
                            (sc + 1) * g.subcluster_size - in_cluster);
-    RETURN_IF_ERROR(fn(ClassifySubcluster(entry, bitmap, g.extended_l2, sc),
-                       pos, in_cluster, n));
+    RETURN_IF_ERROR(
+        fn(ClassifySubcluster(entry, bitmap, g.extended_l2, sc, data_file),
+           pos, in_cluster, n));
   }
   return absl::OkStatus();
 }
@@ -49,12 +50,12 @@ absl::Status CowPlanner::PlanReadOld(uint64_t entry, uint64_t bitmap,
   }
   const uint64_t host = entry & kEntryOffsetMask;
   return ForEachSubcluster(
-      g, entry, bitmap, offset, len,
+      g, s_->has_data_file(), entry, bitmap, offset, len,
       [&](SubclusterType type, uint64_t pos, uint64_t in_cluster,
           uint64_t n) -> absl::Status {
         switch (type) {
           case SubclusterType::kNormal:
-            plan->Read(s_->file.get(), host + in_cluster, dest + pos, n,
+            plan->Read(s_->data(), host + in_cluster, dest + pos, n,
                        IoCategory::kCow);
             return absl::OkStatus();
           case SubclusterType::kZeroPlain:
@@ -82,7 +83,7 @@ absl::StatusOr<bool> CowPlanner::KnownZero(uint64_t entry, uint64_t bitmap,
   if (entry & kOflagCompressed) return len == 0;
   bool zero = true;
   RETURN_IF_ERROR(ForEachSubcluster(
-      s_->geometry(), entry, bitmap, offset, len,
+      s_->geometry(), s_->has_data_file(), entry, bitmap, offset, len,
       [&](SubclusterType type, uint64_t pos, uint64_t, uint64_t n) {
         if (!zero) return absl::OkStatus();
         switch (type) {

@@ -119,7 +119,8 @@ absl::StatusOr<Extent> ExtentReader::MapInCluster(const L2Ref& ref,
   }
 
   int sc = static_cast<int>(in_cluster / g.subcluster_size);
-  SubclusterType type = ClassifySubcluster(entry, bitmap, g.extended_l2, sc);
+  SubclusterType type = ClassifySubcluster(entry, bitmap, g.extended_l2, sc,
+                                           s_->has_data_file());
   if (type == SubclusterType::kInvalid) {
     return corrupt("has an invalid subcluster bitmap");
   }

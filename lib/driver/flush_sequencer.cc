@@ -18,7 +18,10 @@ absl::Status FlushSequencer::Flush() {
   if (!s_->writable || s_->closed) return absl::OkStatus();
   RETURN_IF_ERROR(s_->meta->WriteBack(ticket.write_back));
   CountMetadata(&IoStats::host_flushes, 1);
-  if (absl::Status s = s_->file->Flush(); !s.ok()) {
+  absl::Status flushed =
+      s_->has_data_file() ? s_->data_file->Flush() : absl::OkStatus();
+  if (flushed.ok()) flushed = s_->file->Flush();
+  if (absl::Status s = flushed; !s.ok()) {
     return header_writer_->Fail(std::move(s));
   }
   FinishFlush(ticket.generation);

@@ -105,11 +105,13 @@ absl::Status HeaderWriter::PrepareWrite() {
   if (prepared_) return absl::OkStatus();
   const Header original = header;
   bool changed = false;
-  // Autoclear features we do not maintain (a raw data file, bitmaps we
-  // do not keep): clear the bits so readers know those structures may be
-  // stale after our writes.
-  if ((header.autoclear_features & ~kept_autoclear_) != 0) {
-    header.autoclear_features &= kept_autoclear_;
+  // Autoclear features we do not maintain (bitmaps we do not keep, bits
+  // we do not know): clear the bits so readers know those structures may
+  // be stale after our writes. A raw data file we keep raw (Zeroer).
+  const uint64_t kept =
+      kept_autoclear_ | (s_->has_data_file() ? kAutoclearDataFileRaw : 0);
+  if ((header.autoclear_features & ~kept) != 0) {
+    header.autoclear_features &= kept;
     changed = true;
   }
   if (s_->lazy_refcounts &&

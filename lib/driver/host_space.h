@@ -44,6 +44,7 @@ class HostSpace {
   // new cluster) or is planned (in place): the file must keep that
   // cluster.
   void NoteDataWritten(uint64_t host) {
+    if (s_->has_data_file()) return;  // the data is in the data file
     data_end_ = std::max(data_end_, host + s_->geometry().cluster_size);
   }
 

@@ -10,6 +10,26 @@
 
 namespace qcow2::internal {
 
+namespace {
+
+// What is wrong with an extended entry's subcluster bitmap, or null.
+const char* BitmapProblem(bool extended, bool has_host, uint64_t bitmap) {
+  if (!extended) return nullptr;
+  const uint32_t alloc = static_cast<uint32_t>(bitmap);
+  const uint32_t zero = static_cast<uint32_t>(bitmap >> 32);
+  if ((alloc & zero) != 0) {
+    return "has an invalid subcluster bitmap (subclusters both allocated "
+           "and zero)";
+  }
+  if (!has_host && alloc != 0) {
+    return "has an invalid subcluster bitmap (allocated subclusters but no "
+           "host cluster)";
+  }
+  return nullptr;
+}
+
+}  // namespace
+
 absl::Status MetadataGuard::ValidateEntry(uint64_t entry, uint64_t bitmap,
                                           uint64_t guest_offset) const {
   const Geometry& g = s_->geometry();
@@ -20,6 +40,7 @@ absl::Status MetadataGuard::ValidateEntry(uint64_t entry, uint64_t bitmap,
         g.extended_l2 ? absl::StrFormat(" (bitmap 0x%016x)", bitmap) : "",
         guest_offset, why));
   };
+  if (s_->has_data_file()) return ValidateDataFileEntry(entry, bitmap, guest_offset);
   if (entry & kOflagCompressed) {
     CompressedExtent c = DecodeCompressed(entry, g.cluster_bits);
     uint64_t end;
@@ -51,25 +72,50 @@ absl::Status MetadataGuard::ValidateEntry(uint64_t entry, uint64_t bitmap,
   if (host != 0 && host >= HostLimit()) {
     return corrupt("points past the end of the file");
   }
-  if (g.extended_l2) {
-    const uint32_t alloc = static_cast<uint32_t>(bitmap);
-    const uint32_t zero = static_cast<uint32_t>(bitmap >> 32);
-    if ((alloc & zero) != 0) {
-      return corrupt(
-          "has an invalid subcluster bitmap (subclusters both allocated and "
-          "zero)");
-    }
-    if (host == 0 && alloc != 0) {
-      return corrupt(
-          "has an invalid subcluster bitmap (allocated subclusters but no "
-          "host cluster)");
-    }
+  if (const char* why = BitmapProblem(g.extended_l2, host != 0, bitmap)) {
+    return corrupt(why);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MetadataGuard::ValidateDataFileEntry(
+    uint64_t entry, uint64_t bitmap, uint64_t guest_offset) const {
+  const Geometry& g = s_->geometry();
+  const uint64_t host = entry & kEntryOffsetMask;
+  const uint64_t guest_cluster = AlignDown(guest_offset, g.cluster_size);
+  auto corrupt = [&](const std::string& why) {
+    return s_->map->Corrupt(absl::StrFormat(
+        "L2 entry 0x%016x%s for guest offset 0x%x %s", entry,
+        g.extended_l2 ? absl::StrFormat(" (bitmap 0x%016x)", bitmap) : "",
+        guest_offset, why));
+  };
+  if (entry & kOflagCompressed) {
+    return corrupt("is compressed in an image with an external data file");
+  }
+  if (!g.extended_l2 && (entry & kL2StandardReservedMask)) {
+    return corrupt("has reserved bits set");
+  }
+  if (g.extended_l2 && (entry & (kL2StandardReservedMask | kOflagZero))) {
+    return corrupt("has reserved bits set");
+  }
+  // Data clusters live at their guest offset in the data file (QEMU
+  // allocates them there and checks it): anything else is corruption.
+  const bool zero_plain = !g.extended_l2 && (entry & kOflagZero) && host == 0;
+  if (HasHostCluster(entry, true) && !zero_plain && host != guest_cluster) {
+    return corrupt(absl::StrFormat(
+        "names data file offset 0x%x, not its guest cluster's", host));
+  }
+  if (const char* why = BitmapProblem(g.extended_l2,
+                                      HasHostCluster(entry, true), bitmap)) {
+    return corrupt(why);
   }
   return absl::OkStatus();
 }
 
 absl::Status MetadataGuard::CheckNotMetadata(uint64_t entry,
                                              uint64_t guest) const {
+  // Data clusters in a data file are never metadata.
+  if (s_->has_data_file()) return absl::OkStatus();
   if (entry & kOflagCompressed) return absl::OkStatus();
   const uint64_t host = entry & kEntryOffsetMask;
   uint64_t at;
@@ -85,6 +131,7 @@ absl::Status MetadataGuard::CheckNotMetadata(uint64_t entry,
 }
 
 absl::Status MetadataGuard::CheckDataTarget(uint64_t host, uint64_t len) const {
+  if (s_->has_data_file()) return absl::OkStatus();  // no metadata there
   auto overlaps = [&](uint64_t start, uint64_t n) {
     return n > 0 && host < start + n && start < host + len;
   };

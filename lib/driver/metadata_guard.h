@@ -44,6 +44,11 @@ class MetadataGuard {
   uint64_t HostLimit() const;
 
  private:
+  // ValidateEntry for an image with an external data file: no compressed
+  // clusters, and every host cluster at its guest cluster's offset.
+  absl::Status ValidateDataFileEntry(uint64_t entry, uint64_t bitmap,
+                                     uint64_t guest_offset) const;
+
   const Qcow2State* const s_;  // the layer's; outlives this
 };
 

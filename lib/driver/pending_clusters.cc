@@ -84,7 +84,11 @@ PendingClusters::FineKind PendingClusters::ClassifyFine(uint64_t cluster,
   const uint64_t guest = cluster << g.cluster_bits;
   if (!guard_->ValidateEntry(entry, bitmap, guest).ok()) return FineKind::kNone;
   const uint64_t host = entry & kEntryOffsetMask;
-  if ((entry & kOflagCopied) && host != 0 && !(entry & kOflagCompressed)) {
+  const bool owned = s_->has_data_file()
+                         ? (entry & kOflagCopied) && host == guest
+                         : (entry & kOflagCopied) && host != 0 &&
+                               !(entry & kOflagCompressed);
+  if (owned) {
     if (!g.extended_l2) {
       // A preallocated zero cluster gets zeros written around the data.
       return (entry & kOflagZero) ? FineKind::kNone : FineKind::kInPlace;
@@ -96,7 +100,8 @@ PendingClusters::FineKind PendingClusters::ClassifyFine(uint64_t cluster,
     const int sc1 =
         static_cast<int>((in_cluster + len - 1) / g.subcluster_size);
     for (int sc = sc0; sc <= sc1; ++sc) {
-      const SubclusterType t = ClassifySubcluster(entry, bitmap, true, sc);
+      const SubclusterType t =
+          ClassifySubcluster(entry, bitmap, true, sc, s_->has_data_file());
       if (t == SubclusterType::kNormal) continue;
       const bool whole = sc * g.subcluster_size >= in_cluster &&
                          (sc + 1) * g.subcluster_size <= in_cluster + len;
@@ -107,6 +112,10 @@ PendingClusters::FineKind PendingClusters::ClassifyFine(uint64_t cluster,
     }
     return FineKind::kInPlace;
   }
+  // No deferred entries with an external data file: a data cluster's
+  // place is fixed (its guest offset), so a copy-on-write there is
+  // planned whole, holding the cluster.
+  if (s_->has_data_file()) return FineKind::kNone;
   // Deferred L2 entry: a cluster with no host cluster here (unallocated,
   // or with extended L2 made of unallocated and zero subclusters). With
   // standard entries there must be a backing chain to copy from (else the
@@ -207,7 +216,7 @@ absl::Status PendingClusters::PlanPendingWrite(uint64_t cluster,
   }
   EmitEvent("deferred-write");
   IoOp op;
-  op.file = s_->file.get();
+  op.file = s_->data();
   op.offset = p.host + in_cluster;
   op.guest_bytes = data.size();
   op.Add(data.data(), data.size());
@@ -302,7 +311,7 @@ absl::Status PendingClusters::PlanFill(uint64_t cluster, IoPlan* plan) {
     uint8_t* copy = plan->Buffer(w.len);
     std::copy(w.data, w.data + w.len, copy);
     IoOp op;
-    op.file = s_->file.get();
+    op.file = s_->data();
     op.offset = p.host + w.in_cluster;
     op.guest_bytes = 0;
     op.Add(copy, w.len);
@@ -331,7 +340,7 @@ absl::Status PendingClusters::PlanFill(uint64_t cluster, IoPlan* plan) {
     uint8_t* buf = plan->Buffer(len);
     RETURN_IF_ERROR(cow_->PlanReadOld(0, 0, guest + start, buf, len, plan));
     IoOp op;
-    op.file = s_->file.get();
+    op.file = s_->data();
     op.offset = p.host + start;
     op.guest_bytes = 0;  // all of it is copy-on-write
     op.Add(buf, len);

@@ -38,6 +38,49 @@ absl::StatusOr<std::vector<uint8_t>> ReadCluster0(File* file) {
   return buf;
 }
 
+// The data file of an image opened for its metadata only (QEMU's
+// BDRV_O_NO_IO: `qemu-img info` opens no data file, so it works while the
+// data file is missing): every I/O fails, naming why.
+class UnopenedDataFile final : public File {
+ public:
+  explicit UnopenedDataFile(std::string name) : name_(std::move(name)) {}
+  absl::Status ReadAt(uint64_t, absl::Span<uint8_t>) override {
+    return Refused();
+  }
+  absl::Status WriteAt(uint64_t, absl::Span<const uint8_t>) override {
+    return Refused();
+  }
+  absl::Status Flush() override { return absl::OkStatus(); }
+  absl::StatusOr<uint64_t> Size() override { return Refused(); }
+  absl::Status Truncate(uint64_t) override { return Refused(); }
+  const std::string& name() const override { return name_; }
+
+ private:
+  absl::Status Refused() const {
+    return absl::FailedPreconditionError(absl::StrCat(
+        name_, ": the external data file is not open (the image was opened "
+        "for its metadata only)"));
+  }
+  const std::string name_;
+};
+
+// What QEMU 7.2 refuses beside an external data file: encryption (its
+// IVs and padding assume the image file holds the data), and internal
+// snapshots (which would share data clusters that have no refcounts).
+absl::Status CheckDataFileFeatures(const Header& h, const std::string& name) {
+  if (h.crypt_method != 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        name, ": encryption together with an external data file is not "
+        "supported"));
+  }
+  if (h.nb_snapshots != 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        name, ": internal snapshots in an image with an external data file "
+        "are not supported"));
+  }
+  return absl::OkStatus();
+}
+
 // Recomputes every refcount from the metadata (dirty images).
 absl::Status RebuildRefcounts(File* file) {
   ASSIGN_OR_RETURN(CheckResult r, CheckImage(file, RepairMode::kAll));
@@ -105,13 +148,27 @@ absl::Status OpenForWriting(Qcow2State* s, HeaderWriter* header,
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Qcow2Layer>> Qcow2Layer::Open(
-    std::unique_ptr<File> file, const OpenOptions& opts) {
+    std::unique_ptr<File> file, const OpenOptions& opts,
+    const DataFileOpener& open_data) {
   const std::string name = file->name();
   ASSIGN_OR_RETURN(uint64_t file_size, file->Size());
   ASSIGN_OR_RETURN(std::vector<uint8_t> c0, ReadCluster0(file.get()));
   ASSIGN_OR_RETURN(Header h, DecodeHeader(c0, name));
-  RETURN_IF_ERROR(CheckFeatures(h, name, /*luks_ok=*/true));
+  RETURN_IF_ERROR(CheckFeatures(h, name, /*luks_ok=*/true,
+                                /*data_file_ok=*/open_data != nullptr));
   RETURN_IF_ERROR(ValidateHeaderTables(h, file_size, name));
+  // The data file is opened before anything is written: a missing one
+  // leaves the image untouched.
+  std::unique_ptr<File> data_file;
+  if (h.incompatible_features & kIncompatDataFile) {
+    RETURN_IF_ERROR(CheckDataFileFeatures(h, name));
+    if (opts.metadata_only && !opts.read_write) {
+      data_file = std::make_unique<UnopenedDataFile>(*h.data_file);
+    } else {
+      ASSIGN_OR_RETURN(data_file, open_data(*h.data_file));
+    }
+    data_file = AccountedFile::Wrap(std::move(data_file));
+  }
   // Unlocked before anything is written (a dirty image's rebuild below):
   // a missing or wrong secret leaves the file untouched.
   OpenedLuks luks;
@@ -160,6 +217,8 @@ absl::StatusOr<std::unique_ptr<Qcow2Layer>> Qcow2Layer::Open(
       new Qcow2Layer(std::move(file), std::move(h), file_size));
   layer->luks_ = std::move(luks);
   Qcow2State& s = layer->state_;
+  s.data_file = std::move(data_file);
+  if (s.data_file) s.meta->set_flush_first(s.data_file.get());
   s.encrypted = hh_crypt_luks;
   s.locked = s.encrypted && layer->luks_.volume == nullptr;
   const Header& hh = s.header;
@@ -249,6 +308,9 @@ LayerInfo Qcow2Layer::Info() const {
   info.backing_file = h.backing_file;
   info.backing_format = h.backing_format.value_or("");
   info.data_file = h.data_file.value_or("");
+  info.has_data_file = (h.incompatible_features & kIncompatDataFile) != 0;
+  info.data_file_raw = (h.autoclear_features & kAutoclearDataFileRaw) != 0;
+  if (state_.data_file) info.data_file_path = state_.data_file->name();
   info.encrypted = h.crypt_method != 0;
   if (luks() != nullptr) info.encryption = LuksInfo(luks_.header);
   return info;

@@ -22,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -58,12 +59,21 @@ class Qcow2Layer : public Layer {
   // Reads and validates the header and loads the L1 table. With
   // `opts.read_write`, also refuses images that must not be written, and
   // rebuilds the refcounts of a dirty image (lazy refcounts) first.
+  // An image with an external data file (incompatible bit 2) gets it from
+  // `open_data`, called with the name the image stores before anything is
+  // written; without one, such an image is refused (kUnimplemented).
+  using DataFileOpener =
+      std::function<absl::StatusOr<std::unique_ptr<File>>(const std::string&)>;
   static absl::StatusOr<std::unique_ptr<Qcow2Layer>> Open(
-      std::unique_ptr<File> file, const OpenOptions& opts);
+      std::unique_ptr<File> file, const OpenOptions& opts,
+      const DataFileOpener& open_data = nullptr);
 
   // --- Layer.
   uint64_t size() const override { return state_.header.size; }
   File* file() override { return state_.file.get(); }
+  File* data_file() override { return state_.data(); }
+  bool has_data_file() const { return state_.has_data_file(); }
+  bool data_file_raw() const { return state_.data_file_raw(); }
   const std::string& filename() const override { return state_.file->name(); }
   absl::StatusOr<Extent> Map(uint64_t offset, uint64_t max_len) override {
     return reader_.Map(offset, max_len);

@@ -36,7 +36,20 @@ struct Qcow2State {
   // REQUIRES: `map` is set (Qcow2Layer::Open sets it before anything else).
   const Geometry& geometry() const { return map->geometry(); }
 
-  std::unique_ptr<File> file;  // the image file; guest data goes here
+  std::unique_ptr<File> file;  // the image file; metadata goes here
+  // The external data file (incompatible bit 2), or null: guest data
+  // clusters then live there, each at its guest offset (QEMU allocates no
+  // refcount for them), and nothing else does.
+  std::unique_ptr<File> data_file;
+  // Where data clusters are read and written: the data file, or the image.
+  File* data() const { return data_file ? data_file.get() : file.get(); }
+  bool has_data_file() const { return data_file != nullptr; }
+  // The data file is a valid raw image of the disk (autoclear bit 1):
+  // zeroes and discards are written into it too.
+  bool data_file_raw() const {
+    return data_file != nullptr &&
+           (header.autoclear_features & kAutoclearDataFileRaw) != 0;
+  }
   // Over `file`, for every metadata write and file flush of the layer's
   // own (see FlushSequencer::BeginFlush).
   std::unique_ptr<WriteBackFile> meta;

@@ -83,7 +83,7 @@ absl::Status WritePlanner::PlanSubclusters(const L2Ref& ref, uint64_t entry,
   }
   const uint32_t mask = SubclusterMask(sc0, sc1);
   IoOp op;
-  op.file = s_->file.get();
+  op.file = s_->data();
   op.offset = host + start;
   op.guest_bytes = data.size();
   if (start == in_cluster && end == in_cluster + data.size()) {
@@ -127,6 +127,29 @@ absl::Status WritePlanner::PlanSubclusters(const L2Ref& ref, uint64_t entry,
   return absl::OkStatus();
 }
 
+absl::StatusOr<uint64_t> WritePlanner::AllocateData(uint64_t cluster,
+                                                    IoPlan* plan,
+                                                    bool* virgin) {
+  const Geometry& g = s_->geometry();
+  Count(&IoStats::cluster_allocations);
+  if (s_->has_data_file()) {
+    // QEMU puts every data cluster at its guest offset in the data file
+    // and counts no refcount for it. What the file held there before (a
+    // raw file's old bytes) is unknown: padding is always written.
+    *virgin = false;
+    return cluster << g.cluster_bits;
+  }
+  // A cluster past everything the file ever held reads as zeros on disk.
+  const uint64_t end_before = s_->refcounts->end_cluster();
+  ASSIGN_OR_RETURN(uint64_t fresh, s_->refcounts->Allocate(1));
+  *virgin = !s_->encrypted && (fresh >> g.cluster_bits) >= end_before;
+  plan->aborts.push_back([this, fresh] {
+    s_->refcounts->Update(fresh, s_->geometry().cluster_size, -1).IgnoreError();
+  });
+  RETURN_IF_ERROR(guard_->CheckDataTarget(fresh, g.cluster_size));
+  return fresh;
+}
+
 absl::Status WritePlanner::PlanWriteCluster(uint64_t cluster,
                                             uint64_t in_cluster,
                                             absl::Span<const uint8_t> data,
@@ -154,7 +177,11 @@ absl::Status WritePlanner::PlanWriteCluster(uint64_t cluster,
   const bool compressed = (entry & kOflagCompressed) != 0;
   const uint64_t guest = cluster << g.cluster_bits;
 
-  if (!compressed && host != 0 && (entry & kOflagCopied)) {
+  const bool owned =
+      s_->has_data_file()
+          ? (entry & kOflagCopied) && host == guest && !compressed
+          : !compressed && host != 0 && (entry & kOflagCopied);
+  if (owned) {
     // The cluster is ours alone: write in place. (It may end past the
     // file's end when its tail was never written: the file keeps it.)
     host_space_->NoteDataWritten(host);
@@ -165,7 +192,7 @@ absl::Status WritePlanner::PlanWriteCluster(uint64_t cluster,
     RETURN_IF_ERROR(guard_->CheckDataTarget(host, g.cluster_size));
     EmitEvent("data-write");
     IoOp op;
-    op.file = s_->file.get();
+    op.file = s_->data();
     op.guest_bytes = data.size();
     if ((entry & kOflagZero) == 0) {
       op.offset = host + in_cluster;
@@ -194,16 +221,8 @@ absl::Status WritePlanner::PlanWriteCluster(uint64_t cluster,
   // after the L2 update: refuse now, before anything is allocated, if that
   // would free metadata.
   RETURN_IF_ERROR(guard_->CheckNotMetadata(entry, guest));
-  // A cluster past everything the file ever held reads as zeros on disk.
-  const uint64_t end_before = s_->refcounts->end_cluster();
-  ASSIGN_OR_RETURN(uint64_t fresh, s_->refcounts->Allocate(1));
-  const bool virgin =
-      !s_->encrypted && (fresh >> g.cluster_bits) >= end_before;
-  Count(&IoStats::cluster_allocations);
-  plan->aborts.push_back([this, fresh] {
-    s_->refcounts->Update(fresh, s_->geometry().cluster_size, -1).IgnoreError();
-  });
-  RETURN_IF_ERROR(guard_->CheckDataTarget(fresh, g.cluster_size));
+  bool virgin = false;
+  ASSIGN_OR_RETURN(uint64_t fresh, AllocateData(cluster, plan, &virgin));
 
   if (g.extended_l2 && !compressed && host == 0) {
     // Unallocated or zero subclusters: write only the subclusters touched.
@@ -257,14 +276,15 @@ absl::Status WritePlanner::PlanWriteCluster(uint64_t cluster,
             : skipped              ? "zero-skip-write"
                                    : "data-write");
   IoOp op;
-  op.file = s_->file.get();
+  op.file = s_->data();
   op.offset = copy_head ? fresh : fresh + in_cluster;
   op.guest_bytes = data.size();
   if (head_buf != nullptr) op.Add(head_buf, in_cluster);
   op.Add(data.data(), data.size());
   if (tail_buf != nullptr) op.Add(tail_buf, g.cluster_size - tail);
   plan->writes.push_back(std::move(op));
-  const bool release = compressed || host != 0;
+  const bool release =
+      !s_->has_data_file() && (compressed || host != 0);
   const uint64_t new_bitmap = g.extended_l2 ? 0xffffffffull : 0;
   plan->commits.push_back(
       [this, ref, fresh, new_bitmap, release, entry, bitmap, guest]() mutable {
@@ -290,7 +310,10 @@ absl::Status WritePlanner::ProbeCluster(uint64_t cluster, bool partial,
     bitmap = ref.bitmap();
   }
   const uint64_t host = entry & kEntryOffsetMask;
-  if (entry & kOflagCompressed) {
+  if (s_->has_data_file()) {
+    // No refcount is read for data clusters: only a new L2 table may be
+    // allocated.
+  } else if (entry & kOflagCompressed) {
     const CompressedExtent c = DecodeCompressed(entry, g.cluster_bits);
     const uint64_t last = (c.host_offset + c.length - 1) >> g.cluster_bits;
     for (uint64_t h = c.host_offset >> g.cluster_bits; h <= last; ++h) {

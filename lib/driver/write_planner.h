@@ -74,6 +74,13 @@ class WritePlanner {
                                    uint64_t guest_len, IoPlan* plan,
                                    ProbeProgress* probe = nullptr);
 
+  // The host cluster a new data cluster for guest `cluster` goes to: its
+  // guest offset in an external data file (no refcount), else a free
+  // cluster of the image file (freed again if the plan is abandoned).
+  // `*virgin`: nothing was ever written there, so it reads as zeros.
+  absl::StatusOr<uint64_t> AllocateData(uint64_t cluster, IoPlan* plan,
+                                        bool* virgin);
+
   // PlanWrite's step for the part of the write inside one guest cluster.
   // Errors are returned as they are (not passed to Fail).
   absl::Status PlanWriteCluster(uint64_t cluster, uint64_t in_cluster,

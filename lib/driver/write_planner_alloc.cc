@@ -85,6 +85,8 @@ absl::Status WritePlanner::FillNewTable(uint64_t table, uint64_t old_table) {
 
 absl::Status WritePlanner::ReleaseHost(uint64_t entry, uint64_t bitmap,
                                        uint64_t guest) {
+  // Data clusters in an external data file have no refcount to drop.
+  if (s_->has_data_file()) return absl::OkStatus();
   // Never trust an entry with a refcount: a bad one would free a cluster
   // someone else owns.
   RETURN_IF_ERROR(guard_->ValidateEntry(entry, bitmap, guest));
@@ -115,7 +117,10 @@ absl::Status WritePlanner::Preallocate(Preallocation mode) {
   for (uint64_t c = 0; c < clusters;) {
     const uint64_t n = std::min(clusters - c, g.l2_entries - c % g.l2_entries);
     RETURN_IF_ERROR(L2ForWrite(c).status());
-    ASSIGN_OR_RETURN(uint64_t host, s_->refcounts->Allocate(n));
+    uint64_t host = c << g.cluster_bits;  // in a data file: no refcount
+    if (!s_->has_data_file()) {
+      ASSIGN_OR_RETURN(host, s_->refcounts->Allocate(n));
+    }
     RETURN_IF_ERROR(guard_->CheckDataTarget(host, n * g.cluster_size));
     RETURN_IF_ERROR(flusher_->OrderL2AfterAllocation());
     for (uint64_t i = 0; i < n; ++i) {
@@ -126,16 +131,17 @@ absl::Status WritePlanner::Preallocate(Preallocation mode) {
     data_end = std::max(data_end, host + n * g.cluster_size);
     c += n;
   }
-  ASSIGN_OR_RETURN(uint64_t file_size, s_->file->Size());
-  if (data_end > file_size) RETURN_IF_ERROR(s_->file->Truncate(data_end));
+  File* data = s_->data();
+  ASSIGN_OR_RETURN(uint64_t file_size, data->Size());
+  if (data_end > file_size) RETURN_IF_ERROR(data->Truncate(data_end));
   for (const auto& [host, len] : runs) {
     if (mode == Preallocation::kFalloc) {
-      RETURN_IF_ERROR(s_->file->Allocate(host, len));
+      RETURN_IF_ERROR(data->Allocate(host, len));
     } else if (mode == Preallocation::kFull) {
       std::vector<uint8_t> zeros(std::min<uint64_t>(len, 1 << 20), 0);
       for (uint64_t off = 0; off < len; off += zeros.size()) {
         const uint64_t n = std::min<uint64_t>(zeros.size(), len - off);
-        RETURN_IF_ERROR(s_->file->WriteAt(
+        RETURN_IF_ERROR(data->WriteAt(
             host + off, absl::MakeConstSpan(zeros.data(), n)));
       }
     }

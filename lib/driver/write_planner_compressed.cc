@@ -7,6 +7,7 @@
 // cluster is let go of last.
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "lib/base/events.h"
 #include "lib/base/io_context.h"
@@ -76,6 +77,12 @@ absl::Status WritePlanner::PlanWriteCompressed(uint64_t offset,
                                                uint64_t guest_len,
                                                IoPlan* plan,
                                                ProbeProgress* probe) {
+  if (s_->has_data_file()) {
+    // As QEMU: a compressed cluster has no place in a data file.
+    return absl::UnimplementedError(absl::StrCat(
+        s_->file->name(),
+        ": compressed writes are not supported with an external data file"));
+  }
   RETURN_IF_ERROR(header_writer_->PrepareWrite());
   const Geometry& g = s_->geometry();
   if (offset % g.cluster_size != 0 || stream.empty() ||

@@ -41,10 +41,11 @@ absl::Status WritePlanner::ZeroHostRun(uint64_t host, uint64_t len,
   for (uint64_t off = host; off < written_end; off += zeros.size()) {
     const uint64_t n = std::min<uint64_t>(zeros.size(), written_end - off);
     RETURN_IF_ERROR(
-        s_->file->WriteAt(off, absl::MakeConstSpan(zeros.data(), n)));
+        s_->data()->WriteAt(off, absl::MakeConstSpan(zeros.data(), n)));
   }
   if (mode == Preallocation::kFalloc && written_end < host + len) {
-    RETURN_IF_ERROR(s_->file->Allocate(written_end, host + len - written_end));
+    RETURN_IF_ERROR(
+        s_->data()->Allocate(written_end, host + len - written_end));
   }
   return absl::OkStatus();
 }
@@ -53,7 +54,8 @@ absl::Status WritePlanner::PreallocateGrown(uint64_t from, uint64_t to,
                                             Preallocation mode) {
   RETURN_IF_ERROR(header_writer_->PrepareWrite());
   const Geometry& g = s_->geometry();
-  ASSIGN_OR_RETURN(const uint64_t old_file_size, s_->file->Size());
+  File* const data = s_->data();  // where the data clusters go
+  ASSIGN_OR_RETURN(const uint64_t old_file_size, data->Size());
   const uint64_t end = DivRoundUp(to, g.cluster_size);
   std::vector<GrownRun> runs;
   uint64_t data_end = 0;
@@ -72,7 +74,10 @@ absl::Status WritePlanner::PreallocateGrown(uint64_t from, uint64_t to,
       if (next.entry() != 0 || next.bitmap() != 0) break;
       ++n;
     }
-    ASSIGN_OR_RETURN(const uint64_t host, s_->refcounts->Allocate(n));
+    uint64_t host = c << g.cluster_bits;  // in a data file: no refcount
+    if (!s_->has_data_file()) {
+      ASSIGN_OR_RETURN(host, s_->refcounts->Allocate(n));
+    }
     RETURN_IF_ERROR(guard_->CheckDataTarget(host, n * g.cluster_size));
     RETURN_IF_ERROR(
         ZeroHostRun(host, n * g.cluster_size, old_file_size, mode));
@@ -95,10 +100,10 @@ absl::Status WritePlanner::PreallocateGrown(uint64_t from, uint64_t to,
       data_end = last.host + (to - last.guest * g.cluster_size);
     }
   }
-  ASSIGN_OR_RETURN(const uint64_t file_size, s_->file->Size());
-  if (data_end > file_size) RETURN_IF_ERROR(s_->file->Truncate(data_end));
+  ASSIGN_OR_RETURN(const uint64_t file_size, data->Size());
+  if (data_end > file_size) RETURN_IF_ERROR(data->Truncate(data_end));
   // The zeros are durable before any entry names their clusters.
-  RETURN_IF_ERROR(s_->file->Flush());
+  RETURN_IF_ERROR(data->Flush());
   // Pass 2: the entries, after the refcounts that count the clusters.
   RETURN_IF_ERROR(flusher_->OrderL2AfterAllocation());
   // With extended L2 entries the subclusters stay unallocated (they read

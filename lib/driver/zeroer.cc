@@ -56,7 +56,9 @@ absl::Status Zeroer::ZeroCluster(uint64_t cluster, bool free_clusters,
     return absl::OkStatus();
   const uint64_t host = entry & kEntryOffsetMask;
   const bool owned =
-      host != 0 && (entry & kOflagCopied) && !(entry & kOflagCompressed);
+      s_->has_data_file()
+          ? (entry & kOflagCopied) && host == guest
+          : host != 0 && (entry & kOflagCopied) && !(entry & kOflagCompressed);
   const bool keep = owned && !free_clusters;
 
   if (s_->header.version < 3) {
@@ -70,7 +72,7 @@ absl::Status Zeroer::ZeroCluster(uint64_t cluster, bool free_clusters,
       RETURN_IF_ERROR(guard_->CheckDataTarget(host, g.cluster_size));
       host_space_->NoteDataWritten(host);
       IoOp op;
-      op.file = s_->file.get();
+      op.file = s_->data();
       op.offset = host;
       op.bytes = g.cluster_size;
       op.zero_range = true;
@@ -119,8 +121,8 @@ absl::Status Zeroer::ZeroSubclusters(uint64_t cluster, uint64_t in_cluster,
                    ReadsAsZeroHere(guest + last_full, end - last_full));
   ASSIGN_OR_RETURN(L2Ref ref, writer_->L2ForWrite(cluster));
   const uint64_t entry = ref.entry();
-  const uint64_t host = entry & kEntryOffsetMask;
-  if ((entry & kOflagCompressed) || (host != 0 && !(entry & kOflagCopied))) {
+  const bool has_host = HasHostCluster(entry, s_->has_data_file());
+  if ((entry & kOflagCompressed) || (has_host && !(entry & kOflagCopied))) {
     // Compressed (no subclusters) or shared (the other owner keeps it): a
     // private copy, as one write of the whole cluster, its old contents
     // read (and decompressed) into a buffer and the range zeroed there
@@ -137,7 +139,7 @@ absl::Status Zeroer::ZeroSubclusters(uint64_t cluster, uint64_t in_cluster,
   }
   // Both ends into a cluster with no host cluster yet would each allocate
   // one: one write of zero bytes over the whole range does it all.
-  if (host == 0 && !head_zero && !tail_zero) {
+  if (!has_host && !head_zero && !tail_zero) {
     return zero_bytes(in_cluster, end);
   }
   // Else the byte writes (in place, or one allocation) are planned, and
@@ -238,6 +240,17 @@ absl::Status Zeroer::ZeroRange(uint64_t offset, uint64_t len,
     }
     if (!s.ok()) return header_writer_->Fail(std::move(s));
     pos += n;
+  }
+  if (s_->data_file_raw() && len > 0) {
+    // The data file stays a raw image of the disk: zeroed there too, as
+    // QEMU does before it changes the entries. (Zero bytes planned above
+    // for part of a cluster land in the same range: zeros either way.)
+    IoOp op;
+    op.file = s_->data();
+    op.offset = offset;
+    op.bytes = len;
+    op.zero_range = true;
+    plan->writes.push_back(std::move(op));
   }
   return absl::OkStatus();
 }

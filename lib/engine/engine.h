@@ -259,6 +259,9 @@ class Engine {
   // Image::Resize to a smaller size: the top qcow2 layer's Shrink.
   absl::Status ShrinkLocked(uint64_t new_size)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ResizePreallocated's work on the image itself (not its data file).
+  absl::Status ResizeLocked(uint64_t new_size, Preallocation prealloc)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   explicit Engine(std::unique_ptr<Chain> chain);
   // Validate's checks, under the lock.
   absl::Status CheckLocked(const Request& r) const

@@ -112,6 +112,22 @@ absl::Status Engine::ResizePreallocated(uint64_t new_size,
   CountedCall counted(&stats_);
   EngineLock lock(&mu_);
   RETURN_IF_ERROR(RefuseDuringLiveJob("a resize"));
+  Qcow2Layer* top = chain_->top_qcow2();
+  if (top == nullptr || !top->has_data_file()) {
+    return ResizeLocked(new_size, prealloc);
+  }
+  // An external data file follows the disk's size, as qemu-img resize
+  // makes it; a raw one is mapped whole, the grown part too.
+  const uint64_t rounded = (new_size + 511) & ~uint64_t{511};
+  if (top->data_file_raw() && prealloc == Preallocation::kOff &&
+      rounded > chain_->size()) {
+    prealloc = Preallocation::kMetadata;
+  }
+  RETURN_IF_ERROR(ResizeLocked(new_size, prealloc));
+  return top->data_file()->Truncate(chain_->size());
+}
+
+absl::Status Engine::ResizeLocked(uint64_t new_size, Preallocation prealloc) {
   const uint64_t rounded = (new_size + 511) & ~uint64_t{511};
   if (prealloc == Preallocation::kOff && rounded < chain_->size()) {
     return ShrinkLocked(rounded);

@@ -179,6 +179,9 @@ void Engine::PlanLocked(Request* r) {
         flushes_.Join(r);
       }
       r->flush.file = chain_->layer(0)->file();
+      if (File* data = chain_->layer(0)->data_file(); data != r->flush.file) {
+        r->flush.data_file = data;
+      }
       break;
   }
 }

@@ -86,6 +86,9 @@ struct DeferredMiss {
 // host clusters it releases.
 struct FlushState {
   File* file = nullptr;
+  // The top's external data file, or null: flushed (blocking, no lock
+  // held) before the metadata write-back, which may name its clusters.
+  File* data_file = nullptr;
   // The executor calls Engine::RecordFlush, which records the metadata
   // write-back unless a flush recorded after `arrival` (the count of
   // flushes recorded when this one was planned) covers it.

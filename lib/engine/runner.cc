@@ -55,6 +55,10 @@ bool BeforeIo(Engine* engine, Executor* x, Request* r) {
   }
   // A flush records (or finds recorded) its metadata write-back:
   // blocking, as it may wait for another flush's log.
+  if (r->status.ok() && r->flush.data_file != nullptr) {
+    r->status = r->flush.data_file->Flush();
+    r->flush.data_file = nullptr;
+  }
   if (r->status.ok() && r->flush.record) engine->RecordFlush(r);
   if (r->status.ok() && r->write_back.file != nullptr) {
     // Metadata writes recorded while it was planned (a flush's

@@ -34,17 +34,30 @@ enum class SubclusterType {
   kInvalid,           // inconsistent entry (corruption)
 };
 
+// Whether a (non-compressed) entry names a host cluster. With an external
+// data file, host offset 0 is guest cluster 0's data cluster: QEMU tells
+// it from an unallocated entry by the COPIED flag, which every cluster of
+// a data file has (its refcount is 1 by definition).
+inline bool HasHostCluster(uint64_t entry, bool data_file) {
+  return (entry & kEntryOffsetMask) != 0 ||
+         (data_file && (entry & kOflagCopied) && !(entry & kOflagCompressed));
+}
+
 // Classifies subcluster `sc` of an L2 entry. For standard entries pass
 // bitmap = 0 and extended = false (the cluster is one "subcluster").
+// `data_file`: the image has an external data file (HasHostCluster).
 inline SubclusterType ClassifySubcluster(uint64_t entry, uint64_t bitmap,
-                                         bool extended, int sc) {
+                                         bool extended, int sc,
+                                         bool data_file = false) {
   if (entry & kOflagCompressed) return SubclusterType::kCompressed;
   const uint64_t offset = entry & kEntryOffsetMask;
   if (!extended) {
     if (entry & kOflagZero) {
+      // As QEMU: offset 0 is plain zero even with COPIED.
       return offset ? SubclusterType::kZeroAlloc : SubclusterType::kZeroPlain;
     }
-    return offset ? SubclusterType::kNormal : SubclusterType::kUnallocated;
+    return HasHostCluster(entry, data_file) ? SubclusterType::kNormal
+                                            : SubclusterType::kUnallocated;
   }
   const uint32_t alloc = static_cast<uint32_t>(bitmap);
   const uint32_t zero = static_cast<uint32_t>(bitmap >> 32);
@@ -52,7 +65,7 @@ inline SubclusterType ClassifySubcluster(uint64_t entry, uint64_t bitmap,
     return SubclusterType::kInvalid;
   }
   const bool a = (alloc >> sc) & 1, z = (zero >> sc) & 1;
-  if (offset) {
+  if (HasHostCluster(entry, data_file)) {
     if (a) return SubclusterType::kNormal;
     return z ? SubclusterType::kZeroAlloc : SubclusterType::kUnallocatedAlloc;
   }

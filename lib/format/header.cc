@@ -281,7 +281,7 @@ absl::StatusOr<Header> DecodeHeader(absl::Span<const uint8_t> c0,
 }
 
 absl::Status CheckFeatures(const Header& h, const std::string& filename,
-                           bool luks_ok) {
+                           bool luks_ok, bool data_file_ok) {
   uint64_t unknown = h.incompatible_features & ~kIncompatKnown;
   if (unknown != 0) {
     int bit = __builtin_ctzll(unknown);
@@ -309,10 +309,27 @@ absl::Status CheckFeatures(const Header& h, const std::string& filename,
         h.crypt_method, h.crypt_method == 2 ? ", LUKS" : ", unknown method",
         ")"));
   }
-  if (h.incompatible_features & kIncompatDataFile) {
+  const bool has_data_file = (h.incompatible_features & kIncompatDataFile) != 0;
+  if (has_data_file && !h.data_file) {
+    // QEMU: "'data-file' is required for this image".
+    return absl::DataLossError(absl::StrCat(
+        filename, ": the external data file bit is set but the image names "
+        "no data file (no data file name extension)"));
+  }
+  if (!has_data_file && (h.autoclear_features & kAutoclearDataFileRaw)) {
+    // QEMU: "data-file-raw requires a data file".
+    return absl::DataLossError(absl::StrCat(
+        filename, ": the raw external data bit is set but the image has no "
+        "external data file"));
+  }
+  if (has_data_file && h.data_file->empty()) {
+    return absl::DataLossError(
+        absl::StrCat(filename, ": the external data file name is empty"));
+  }
+  if (has_data_file && !data_file_ok) {
     return absl::UnimplementedError(absl::StrCat(
-        filename, ": images with an external data file are not supported",
-        h.data_file ? absl::StrCat(" (data file '", *h.data_file, "')") : ""));
+        filename, ": this operation does not support images with an external "
+        "data file (data file '", *h.data_file, "')"));
   }
   return absl::OkStatus();
 }

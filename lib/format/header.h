@@ -132,9 +132,12 @@ absl::Status ValidateHeaderTables(const Header& h, uint64_t file_size,
 // Policy on feature bits when opening: unknown incompatible bits and
 // unsupported features are refused with kUnimplemented naming them.
 // `luks_ok`: the caller handles LUKS encryption (crypt_method 2: the
-// driver with a key, the checker); others refuse it.
+// driver with a key, the checker); others refuse it. `data_file_ok`: the
+// caller handles an external data file (incompatible bit 2); others refuse
+// it. Either way the data-file bits must agree with each other as QEMU
+// requires (the bit with a name, the raw autoclear bit only with the bit).
 absl::Status CheckFeatures(const Header& h, const std::string& filename,
-                           bool luks_ok = false);
+                           bool luks_ok = false, bool data_file_ok = false);
 
 // Serialises the header, its extensions and the backing file name into one
 // cluster. Fails if they do not fit.

@@ -41,6 +41,9 @@ class Layer {
 
   virtual uint64_t size() const = 0;
   virtual File* file() = 0;
+  // The file that the host offsets of kData extents are in: file(), or a
+  // qcow2 image's external data file.
+  virtual File* data_file() { return file(); }
   virtual const std::string& filename() const = 0;
 
   // Where to read the run starting at `offset`, at most `max_len` bytes:

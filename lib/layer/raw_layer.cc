@@ -10,7 +10,7 @@ absl::Status Layer::ReadExtent(const Extent& e, uint64_t extent_start,
                                uint64_t offset, absl::Span<uint8_t> buf) {
   switch (e.kind) {
     case Extent::kData:
-      return file()->ReadAt(e.host_offset + (offset - extent_start), buf);
+      return data_file()->ReadAt(e.host_offset + (offset - extent_start), buf);
     case Extent::kZero:
     case Extent::kUnallocated:
       std::fill(buf.begin(), buf.end(), 0);

@@ -159,7 +159,7 @@ absl::Status WriteBackFile::Replay(const Log& log) {
         }
         break;
       case Item::kFlush:
-        if (absl::Status s = base_->Flush(); !s.ok()) return s;
+        if (absl::Status s = FlushBase(); !s.ok()) return s;
         break;
     }
   }
@@ -198,6 +198,15 @@ absl::Status WriteBackFile::Flush() {
     return absl::OkStatus();
   }
   if (absl::Status s = Settle(); !s.ok()) return s;
+  return FlushBase();
+}
+
+absl::Status WriteBackFile::FlushBase() {
+  // The data file first: metadata written after this flush (an L2 entry)
+  // may point at data written before it.
+  if (flush_first_ != nullptr) {
+    if (absl::Status s = flush_first_->Flush(); !s.ok()) return s;
+  }
   return base_->Flush();
 }
 

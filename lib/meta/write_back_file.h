@@ -55,6 +55,10 @@ class WriteBackFile : public File {
 
   File* base() const { return base_; }
 
+  // A file flushed before every flush of the base (an image's external
+  // data file): not owned, set before any I/O, outlives this.
+  void set_flush_first(File* f) { flush_first_ = f; }
+
   // Starts a log: until EndRecord(), writes and flushes are recorded.
   void BeginRecord();
   // Queues the log (if it holds anything) and returns a ticket for
@@ -168,10 +172,13 @@ class WriteBackFile : public File {
   absl::Status WriteQueued(uint64_t ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Before an operation outside a recording: the queued logs are written.
   absl::Status Settle();
+  // Flushes flush_first_ (if any), then the base.
+  absl::Status FlushBase();
   // Carries out one log's items on the base file.
   absl::Status Replay(const Log& log);
 
   File* const base_;
+  File* flush_first_ = nullptr;
   // The log being recorded (owner's lock only).
   std::unique_ptr<Log> recording_;
   bool armed_ = false;  // a RecordScope's log begins at the next write
