@@ -6,7 +6,11 @@
 #include <nettle/nettle-meta.h>
 #include <nettle/xts.h>
 
+#include <endian.h>
+#include <string.h>
+
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "lib/base/status_macros.h"
@@ -21,6 +25,27 @@ constexpr size_t kXtsBlock = 16;
 // The sector number as the IV generators lay it out: little-endian.
 void StoreLE(uint8_t* p, uint64_t v, size_t bytes) {
   for (size_t i = 0; i < bytes; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+
+uint64_t LoadLE64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return le64toh(v);
+}
+
+void StoreLE64(uint8_t* p, uint64_t v) {
+  v = htole64(v);
+  std::memcpy(p, &v, 8);
+}
+
+void XorInto(uint8_t* dst, const uint8_t* src, size_t n) {
+  for (size_t i = 0; i < n; i += 8) {
+    uint64_t a, b;
+    std::memcpy(&a, dst + i, 8);
+    std::memcpy(&b, src + i, 8);
+    a ^= b;
+    std::memcpy(dst + i, &a, 8);
+  }
 }
 
 SecureBuffer KeySchedule(const nettle_cipher* c, bool encrypt,
@@ -170,7 +195,9 @@ void SectorCipher::CryptOne(bool encrypt, uint8_t* iv,
       }
       break;
     case CipherMode::kXts:
-      if (encrypt) {
+      if (n % kXtsBlock == 0 && n <= kLuksSectorSize) {
+        XtsWholeBlocks(encrypt, iv, piece);
+      } else if (encrypt) {
         xts_encrypt_message(enc_ctx_.data(), tweak_ctx_.data(), c->encrypt,
                             iv, n, p, p);
       } else {
@@ -183,6 +210,37 @@ void SectorCipher::CryptOne(bool encrypt, uint8_t* iv,
       ctr_crypt(enc_ctx_.data(), c->encrypt, block, iv, n, p, p);
       break;
   }
+}
+
+// XTS (IEEE 1619) of whole blocks, as xts_encrypt_message computes it, but
+// with the data cipher called once for the piece: nettle's XTS calls it
+// one 16-byte block at a time, which keeps AES-NI from working on several
+// blocks at once. The tweak of block j is E_k2(iv) times x^j in GF(2^128)
+// (little-endian, reduced by 0x87); the piece is masked with the tweaks,
+// run through ECB, and masked again.
+void SectorCipher::XtsWholeBlocks(bool encrypt, const uint8_t* iv,
+                                  absl::Span<uint8_t> piece) const {
+  const nettle_cipher* c = spec_.cipher->impl;
+  uint8_t* p = piece.data();
+  const size_t n = piece.size();
+  alignas(16) uint8_t tweaks[kLuksSectorSize];
+  uint8_t t0[kXtsBlock];
+  c->encrypt(tweak_ctx_.data(), kXtsBlock, t0, iv);
+  uint64_t lo = LoadLE64(t0), hi = LoadLE64(t0 + 8);
+  for (size_t j = 0; j < n; j += kXtsBlock) {
+    StoreLE64(tweaks + j, lo);
+    StoreLE64(tweaks + j + 8, hi);
+    const uint64_t carry = hi >> 63;
+    hi = (hi << 1) | (lo >> 63);
+    lo = (lo << 1) ^ (0x87 & (0 - carry));
+  }
+  XorInto(p, tweaks, n);
+  (encrypt ? c->encrypt : c->decrypt)(
+      encrypt ? enc_ctx_.data() : dec_ctx_.data(), n, p, p);
+  XorInto(p, tweaks, n);
+  // The tweaks are key material of a kind: E_k2 of a known IV.
+  explicit_bzero(tweaks, n);
+  explicit_bzero(t0, sizeof t0);
 }
 
 }  // namespace qcow2::internal

@@ -72,6 +72,8 @@ class SectorCipher {
                    absl::Span<uint8_t> data) const;
   void MakeIv(uint64_t sector, absl::Span<uint8_t> iv) const;
   void CryptOne(bool encrypt, uint8_t* iv, absl::Span<uint8_t> piece) const;
+  void XtsWholeBlocks(bool encrypt, const uint8_t* iv,
+                      absl::Span<uint8_t> piece) const;
 
   CipherSpec spec_;
   const CipherAlg* essiv_cipher_ = nullptr;
