@@ -26,6 +26,7 @@
 #include "qcow2/options.h"
 #include "qcow2/queue.h"
 #include "tests/util/harden_sha256.h"
+#include "tests/util/queued_read.h"
 #include "tests/util/test_util.h"
 
 namespace qcow2 {
@@ -201,23 +202,7 @@ std::vector<uint8_t> ReadAll(Image* img) {
 
 // The same, through an io_uring queue (depth 8, 64 KiB reads).
 std::vector<uint8_t> ReadAllQueued(Image* img) {
-  std::vector<uint8_t> got(kSize, 0xEE);
-  QueueOptions qo;
-  qo.depth = 8;
-  auto q = img->CreateQueue(qo);
-  EXPECT_TRUE(q.ok()) << q.status();
-  if (!q.ok()) return got;
-  int failed = 0;
-  for (uint64_t off = 0; off < kSize; off += kCluster) {
-    while ((*q)->in_flight() >= 8) (*q)->Poll(1);
-    absl::Status s = (*q)->SubmitRead(
-        off, absl::MakeSpan(got.data() + off, kCluster),
-        [&failed](absl::Status st) { failed += !st.ok(); });
-    EXPECT_TRUE(s.ok()) << s;
-  }
-  while ((*q)->in_flight() > 0) (*q)->Poll(1);
-  EXPECT_EQ(failed, 0);
-  return got;
+  return ::qcow2::testing::ReadAllQueued(img, kSize, kCluster);
 }
 
 void WriteRaw(const std::string& path, const Model& m) {
