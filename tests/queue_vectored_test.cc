@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "lib/io/ring.h"
 #include "testing/forwarding_file.h"
 #include "qcow2/c.h"
 #include "qcow2/file.h"
@@ -428,7 +429,8 @@ TEST(QueueVectoredNoCopyTest, AllocatedClustersMoveStraightFromSegments) {
 // workers, so they finish out of order: many in flight at once, over an
 // allocated top, its qcow2 backing and a raw file under that which ends
 // in an odd tail (the disk reads zeros past it). Each segment gets its
-// own bytes, as qemu-img reads them.
+// own bytes, as qemu-img reads them. Then again with a busy ring for every
+// CPU, when the queue's thread copies them itself.
 TEST(QueueVectoredLargeReadTest, ManyLargeReadsInFlightMatchQemu) {
   SKIP_WITHOUT_QEMU();
   TempDir dir;
@@ -466,7 +468,16 @@ TEST(QueueVectoredLargeReadTest, ManyLargeReadsInFlightMatchQemu) {
   ASSERT_EQ(want.size(), kDisk);
   std::mt19937_64 rng(59);
   constexpr int kInFlight = 16;
-  for (int round = 0; round < 4; ++round) {
+  const int idle_rings = internal::BusyRings();
+  std::vector<std::unique_ptr<internal::Ring>> busy;
+  for (int round = 0; round < 8; ++round) {
+    if (round == 4) {
+      // Rounds 4-7: the inline copy.
+      while (internal::BusyRings() < internal::UsableCpus()) {
+        busy.push_back(std::make_unique<internal::Ring>());
+        busy.back()->SetBusy(true);
+      }
+    }
     std::vector<std::vector<uint8_t>> bufs(kInFlight);
     std::vector<uint64_t> offs(kInFlight);
     int done = 0;
@@ -489,6 +500,8 @@ TEST(QueueVectoredLargeReadTest, ManyLargeReadsInFlightMatchQemu) {
           << "round " << round << " read at " << offs[i];
     }
   }
+  busy.clear();  // a ring gone is no longer busy
+  EXPECT_EQ(internal::BusyRings(), idle_rings);
   queue.reset();
   ASSERT_OK(img->Close());
 }

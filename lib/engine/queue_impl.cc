@@ -131,7 +131,7 @@ absl::Status QueueImpl::Submit(std::unique_ptr<Request> r) {
   const bool ready = engine_->Begin(req, &rejected);
   if (!rejected.ok()) return rejected;
   r.release();
-  ++in_flight_;
+  if (++in_flight_ == 1) ring_.SetBusy(true);
   if (ready) Start(req);
   if (notify_fd_.load(std::memory_order_relaxed) >= 0) {
     // An event loop waits for the notifier, not in Poll: its I/O must
@@ -506,7 +506,7 @@ int QueueImpl::RunCallbacks() {
     Completion cb = std::move(r->done);
     absl::Status s = std::move(r->status);
     Recycle(r);
-    --in_flight_;
+    if (--in_flight_ == 0) ring_.SetBusy(false);
     if (cb) cb(std::move(s));
   }
   return n;

@@ -3,9 +3,11 @@
 
 #include <linux/falloc.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 
 namespace qcow2::internal {
@@ -15,6 +17,10 @@ namespace {
 // Buffered reads at least this long go to the ring's workers (Prep): from
 // here up the hand-off costs a few percent of the copy's CPU time.
 constexpr uint64_t kAsyncReadBytes = 256 << 10;
+
+// Rings whose owners have requests in flight (Ring::SetBusy).
+std::atomic<int> busy_rings{0};
+
 
 // The ring whose work map every thread's io_uring workers adopt: set up on
 // first use and kept for the life of the process. Its queue size bounds
@@ -132,8 +138,11 @@ bool Ring::Prep(IoOp* op) {
       // copy in parallel (as QEMU's thread pool does). Small reads stay
       // inline (a hand-off costs more than their copy), and so do O_DIRECT
       // reads, which the kernel runs asynchronously without a worker.
+      // Once as many rings are busy as there are CPUs, each thread copies
+      // its own (SetBusy).
       if (op->file->alignment() == 1 &&
-          op->bytes - op->done >= kAsyncReadBytes) {
+          op->bytes - op->done >= kAsyncReadBytes &&
+          BusyRings() < UsableCpus()) {
         io_uring_sqe_set_flags(sqe, IOSQE_ASYNC);
       }
     } else {
@@ -170,6 +179,27 @@ bool Ring::Next(bool wait, void** data, int* res) {
 }
 
 bool Ring::HasCompletions() { return io_uring_cq_ready(&ring_) > 0; }
+
+int BusyRings() { return busy_rings.load(std::memory_order_relaxed); }
+
+// Counted once: the affinity mask at first use.
+int UsableCpus() {
+  static const int n = [] {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+      return CPU_COUNT(&set);
+    }
+    const long online = sysconf(_SC_NPROCESSORS_ONLN);
+    return online > 0 ? static_cast<int>(online) : 1;
+  }();
+  return n;
+}
+
+void Ring::SetBusy(bool busy) {
+  if (busy == busy_) return;
+  busy_ = busy;
+  busy_rings.fetch_add(busy ? 1 : -1, std::memory_order_relaxed);
+}
 
 int Ring::RegisterEventFd(int fd) {
   return io_uring_register_eventfd(&ring_, fd);

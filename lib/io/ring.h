@@ -23,7 +23,10 @@ inline constexpr uint8_t kOpRead = 0, kOpWrite = 1, kOpFlush = 2;
 class Ring {
  public:
   Ring() = default;
-  ~Ring() { Exit(); }
+  ~Ring() {
+    SetBusy(false);
+    Exit();
+  }
   Ring(const Ring&) = delete;
   Ring& operator=(const Ring&) = delete;
 
@@ -55,17 +58,32 @@ class Ring {
   // 0 or -errno.
   int RegisterEventFd(int fd);
 
+  // Whether the ring's owner has requests in flight. A large buffered read
+  // goes to io_uring's workers, to be copied beside this thread's work,
+  // only while fewer rings of the process are busy than it may use CPUs:
+  // once every CPU has a busy ring's thread, a hand-off buys no more
+  // parallel copying and costs each read a wake-up and a switch, so each
+  // thread copies its own reads.
+  void SetBusy(bool busy);
+
  private:
   io_uring_sqe* GetSqe();
 
   io_uring ring_{};
   bool ok_ = false;
+  bool busy_ = false;
 };
 
 // Gives the calling thread's io_uring workers the process's one shared
 // map of per-file work (see ring.cc), unless the thread has used io_uring
 // before. Cheap after the first call in a thread; safe from any thread.
 void JoinSharedIoWorkers();
+
+// Rings marked busy (Ring::SetBusy), and the CPUs the process may use:
+// large buffered reads are handed to io_uring's workers while the first is
+// below the second.
+int BusyRings();
+int UsableCpus();
 
 }  // namespace qcow2::internal
 
