@@ -17,6 +17,11 @@ namespace {
 
 constexpr uint64_t kOne = 1;
 
+// Bounds of one merged write: the iovecs a writev takes (IOV_MAX), and
+// bytes enough that a hand-off per write costs little beside the copy.
+constexpr size_t kMaxMergedIov = 1024;
+constexpr uint64_t kMaxMergedBytes = 4 << 20;
+
 uint64_t Tag(uint8_t kind, int index = 0, uint32_t gen = 0) {
   return (uint64_t{kind} << 56) | (uint64_t(index & 0xffff) << 32) | gen;
 }
@@ -221,8 +226,14 @@ void Worker::RunMailbox() {
 void Worker::ProcessVq(int index) {
   Vq& q = vqs_[index];
   q.full = false;
+  // Whatever way the pass ends, the writes it gathered go out.
+  struct SendMerged {
+    Worker* w;
+    ~SendMerged() { w->SubmitMerged(); }
+  } send_merged{this};
   while (q.running && !q.broken) {
-    if (queue_->in_flight() >= queue_->depth()) {
+    // A gathered write takes a slot of the Queue too.
+    if (queue_->in_flight() + !merged_.parts.empty() >= queue_->depth()) {
       q.full = true;
       return;
     }
@@ -241,6 +252,8 @@ void Worker::Submit(int index, const Chain& chain) {
   const BlkRequest& r = *parsed;
   Vq& q = vqs_[index];
   ++q.in_flight;
+  const bool writeback = shared_->writeback.load(std::memory_order_relaxed);
+  if (r.type != VIRTIO_BLK_T_OUT || !writeback) SubmitMerged();
   const uint16_t head = chain.head;
   uint8_t* status = r.status;
   const BlkGeometry& g = shared_->geometry;
@@ -267,14 +280,14 @@ void Worker::Submit(int index, const Chain& chain) {
       if (g.read_only || !in_range(r.sector, r.data_bytes)) {
         return fail(VIRTIO_BLK_S_IOERR);
       }
-      Completion cb = done(1);
-      if (!shared_->writeback.load(std::memory_order_relaxed)) {
-        // Write-through: the guest sees the write once it is durable.
-        cb = [this, cb](absl::Status st) {
-          if (st.ok()) st = image_->Flush();
-          cb(st);
-        };
+      if (writeback) {
+        return AddWrite(index, chain.head, status, r.sector * kSectorSize, r);
       }
+      // Write-through: the guest sees the write once it is durable.
+      Completion cb = [this, cb = done(1)](absl::Status st) {
+        if (st.ok()) st = image_->Flush();
+        cb(st);
+      };
       s = queue_->SubmitWritev(r.sector * kSectorSize, r.data, std::move(cb));
       break;
     }
@@ -327,6 +340,53 @@ void Worker::Submit(int index, const Chain& chain) {
       return fail(VIRTIO_BLK_S_UNSUPP);
   }
   if (!s.ok()) fail(VIRTIO_BLK_S_IOERR);
+}
+
+void Worker::AddWrite(int index, uint16_t head, uint8_t* status,
+                      uint64_t offset, const BlkRequest& r) {
+  MergedWrite& m = merged_;
+  if (!m.parts.empty() &&
+      (m.index != index || offset != m.offset + m.bytes ||
+       m.iov.size() + r.data.size() > kMaxMergedIov ||
+       m.bytes + r.data_bytes > kMaxMergedBytes)) {
+    SubmitMerged();
+  }
+  if (m.parts.empty()) {
+    m.index = index;
+    m.offset = offset;
+    m.bytes = 0;
+  }
+  m.iov.insert(m.iov.end(), r.data.begin(), r.data.end());
+  m.bytes += r.data_bytes;
+  m.parts.push_back({head, status});
+}
+
+void Worker::SubmitMerged() {
+  MergedWrite& m = merged_;
+  if (m.parts.empty()) return;
+  const int index = m.index;
+  std::vector<MergedWrite::Part> parts;
+  parts.swap(m.parts);
+  // One part: the callback carries it alone, with no vector to copy.
+  const MergedWrite::Part one = parts[0];
+  auto finish = [this, index](const std::vector<MergedWrite::Part>& ps,
+                              uint8_t value) {
+    for (const MergedWrite::Part& p : ps) Finish(index, p.head, p.status, value, 1);
+  };
+  absl::Status s;
+  if (parts.size() == 1) {
+    s = queue_->SubmitWritev(m.offset, m.iov, [this, index, one](absl::Status st) {
+      Finish(index, one.head, one.status,
+             st.ok() ? VIRTIO_BLK_S_OK : VIRTIO_BLK_S_IOERR, 1);
+    });
+  } else {
+    s = queue_->SubmitWritev(
+        m.offset, m.iov, [finish, parts](absl::Status st) {
+          finish(parts, st.ok() ? VIRTIO_BLK_S_OK : VIRTIO_BLK_S_IOERR);
+        });
+  }
+  m.iov.clear();
+  if (!s.ok()) finish(parts, VIRTIO_BLK_S_IOERR);
 }
 
 void Worker::Finish(int index, uint16_t head, uint8_t* status, uint8_t value,

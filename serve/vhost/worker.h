@@ -95,6 +95,15 @@ class Worker {
   void RunMailbox();
   void ProcessVq(int index);
   void Submit(int index, const Chain& chain);
+  // Writes popped from one virtqueue in one pass that continue each other
+  // go to the Queue as one request (as QEMU's virtio-blk device merges
+  // them): one write, one hand-off to io_uring's worker, one completion.
+  // AddWrite takes the request into the merge, sending the one it does
+  // not continue first; SubmitMerged sends what is gathered. ProcessVq
+  // sends it before it returns, and Submit before any other request.
+  void AddWrite(int index, uint16_t head, uint8_t* status, uint64_t offset,
+                const BlkRequest& r);
+  void SubmitMerged();
   void Finish(int index, uint16_t head, uint8_t* status, uint8_t value,
               uint32_t written);
   void Fail(int index, const absl::Status& why);
@@ -113,6 +122,18 @@ class Worker {
   bool quit_ = false;                           // loop thread only
   Vq vqs_[kMaxQueues];
   Chain chain_;
+  struct MergedWrite {
+    struct Part {
+      uint16_t head;
+      uint8_t* status;
+    };
+    int index = 0;
+    uint64_t offset = 0;
+    uint64_t bytes = 0;
+    std::vector<iovec> iov;
+    std::vector<Part> parts;  // empty: nothing gathered
+  };
+  MergedWrite merged_;
   std::thread thread_;
 };
 
