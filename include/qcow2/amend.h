@@ -103,9 +103,10 @@ struct AmendOptions {
   // file"). Only the name changes: the data is not moved, and the new
   // name is not opened (the image's current data file must open, as
   // QEMU's open needs it). "" removes the name as QEMU 7.2 does: the
-  // image keeps its data file bit and then opens only with a data file
-  // given by the opener (OpenOptions::data_file; `qemu-img --image-opts
-  // ...,data-file.filename=`).
+  // image keeps its data file bit, and QEMU then opens it only with the
+  // data file named at open (`--image-opts ...,data-file.filename=`);
+  // this library does not open such an image yet (kDataLoss), nor amend
+  // it.
   std::optional<std::string> data_file;
 
   // data_file_raw: false clears the flag (the data file then need no
