@@ -27,7 +27,9 @@ constexpr char kUsage[] =
     "Changes format options of the qcow2 image IMAGE in place, as\n"
     "'qemu-img amend' does. OPTIONS is a comma-separated list of\n"
     "key=value pairs ('-o help' lists them): compat=0.10|1.1 (v2|v3),\n"
-    "lazy_refcounts=on|off, refcount_bits=1|2|4|...|64, size=SIZE.\n"
+    "lazy_refcounts=on|off, refcount_bits=1|2|4|...|64, size=SIZE;\n"
+    "for an image with an external data file: data_file=NAME (the name\n"
+    "it stores; the data stays where it is) and data_file_raw=off.\n"
     "backing_file and backing_fmt are accepted only with the image's own\n"
     "values (use 'qcowtool rebase' to change them). The key slots of a\n"
     "LUKS-encrypted image (opened with --image-opts ...,encrypt.key-secret=ID):\n"
@@ -224,16 +226,11 @@ absl::Status ToOptions(const std::map<std::string, std::string>& values,
     } else if (key == "backing_fmt") {
       o->backing_format = v;
     } else if (key == "data_file") {
-      return absl::InvalidArgumentError(
-          "data-file can only be set for images that use an external data "
-          "file");
+      o->data_file = v;  // the library checks it against the image
     } else if (key == "data_file_raw") {
       auto on = ParseOnOff(key, v);
       if (!on.ok()) return on.status();
-      if (*on) {
-        return absl::InvalidArgumentError(
-            "data-file-raw cannot be set on existing images");
-      }
+      o->data_file_raw = *on;
     } else if (key.substr(0, 8) == "encrypt.") {
       if (absl::Status s = ToEncryptOption(key, v, policy, o); !s.ok()) {
         return s;

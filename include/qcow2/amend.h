@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Changing the format options of an existing qcow2 image in place, as
 // `qemu-img amend` does: the compatibility level (v2 "0.10" <-> v3 "1.1"),
-// lazy refcounts, the refcount width, the virtual size, and the key slots
-// of a LUKS-encrypted image (encrypt.state, encrypt.new-secret, ...).
+// lazy refcounts, the refcount width, the virtual size, the external data
+// file's name and raw flag, and the key slots of a LUKS-encrypted image
+// (encrypt.state, encrypt.new-secret, ...).
 //
 //   qcow2::AmendOptions opts;
 //   opts.refcount_bits = 64;
@@ -14,8 +15,8 @@
 // and then refuses a later one, AmendImage refuses them all up front.
 //
 // Crash safety: each step ends in one header write (within the first 512
-// bytes of the file, except a compat change, which rewrites cluster 0 as
-// qemu-img does). A power cut leaves the image readable, with the same
+// bytes of the file, except a compat change or a new data file name,
+// which rewrite cluster 0 in one write as qemu-img does). A power cut leaves the image readable, with the same
 // guest data, in its old state or the new one (or between steps of a
 // multi-option amend), at most with leaked clusters. A key-slot change
 // writes a slot's key material before the LUKS header that enables it,
@@ -95,6 +96,24 @@ struct AmendOptions {
   // ("Cannot amend the backing file"; `qcowtool rebase -u` changes them).
   std::optional<std::string> backing_file;
   std::optional<std::string> backing_format;
+
+  // The name of the external data file the image stores (qemu-img's
+  // data_file), for an image that has one (else kInvalidArgument, QEMU's
+  // "data-file can only be set for images that use an external data
+  // file"). Only the name changes: the data is not moved, and the new
+  // name is not opened (the image's current data file must open, as
+  // QEMU's open needs it). "" removes the name as QEMU 7.2 does: the
+  // image keeps its data file bit, and QEMU then opens it only with the
+  // data file named at open (`--image-opts ...,data-file.filename=`);
+  // this library does not open such an image yet (kDataLoss), nor amend
+  // it.
+  std::optional<std::string> data_file;
+
+  // data_file_raw: false clears the flag (the data file then need no
+  // longer stay a raw image of the disk); true only where it is set
+  // already (else kInvalidArgument, QEMU's "data-file-raw cannot be set
+  // on existing images").
+  std::optional<bool> data_file_raw;
 
   // The key slots of a LUKS-encrypted image (see KeySlotAmendment). On an
   // unencrypted image: kInvalidArgument, qemu-img's "Can't amend

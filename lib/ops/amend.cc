@@ -12,6 +12,8 @@
 //   4. the refcount width (amend_refcounts.cc);
 //   5. lazy refcounts on or off (one header write);
 //   6. the virtual size (through the caller's resizer: Image::Resize);
+//   6a. the external data file's name and raw flag (one header write;
+//      cluster 0 whole for a new name);
 //   7. downgrade to version 2: zero clusters expanded (amend_zeros.cc),
 //      then cluster 0 rewritten without the version 3 fields.
 #include "lib/ops/amend.h"
@@ -45,7 +47,8 @@ absl::Status AmendTarget::Load() {
   std::vector<uint8_t> c0(std::max<uint64_t>(want, 512));
   RETURN_IF_ERROR(file->ReadAt(0, absl::MakeSpan(c0)));
   ASSIGN_OR_RETURN(h, DecodeHeader(c0, file->name()));
-  RETURN_IF_ERROR(CheckFeatures(h, file->name(), /*luks_ok=*/true));
+  RETURN_IF_ERROR(CheckFeatures(h, file->name(), /*luks_ok=*/true,
+                                /*data_file_ok=*/true));
   return ValidateHeaderTables(h, file_size, file->name());
 }
 
@@ -127,10 +130,15 @@ struct AmendPlan {
   bool old_lazy = false, new_lazy = false;
   uint64_t old_size = 0, new_size = 0;
   std::optional<KeySlotPlan> keyslots;
+  std::optional<std::string> old_data_file, new_data_file;
+  bool old_raw = false, new_raw = false;
+  bool data_file_changes() const {
+    return new_data_file != old_data_file || new_raw != old_raw;
+  }
   int steps() const {
     return (new_version != old_version) + (new_order != old_order) +
            (new_lazy != old_lazy) + (new_size != old_size) +
-           keyslots.has_value();
+           keyslots.has_value() + data_file_changes();
   }
 };
 
@@ -167,6 +175,9 @@ absl::Status CheckRefcountWidth(AmendTarget* t, const AmendPlan& p) {
 absl::Status CheckDowngrade(AmendTarget* t, const AmendPlan& p) {
   const Header& h = t->h;
   if (p.new_order != 4) return Refuse("compat=0.10 requires refcount_bits=16");
+  if (h.incompatible_features & kIncompatDataFile) {
+    return Refuse("Cannot downgrade an image with a data file");
+  }
   if (h.nb_snapshots > 0) {
     ASSIGN_OR_RETURN(DecodedSnapshotTable table,
                      ReadSnapshotTable(t->file, h, t->file_size));
@@ -229,6 +240,42 @@ absl::Status CheckSize(AmendTarget* t, const AmendPlan& p) {
   return absl::OkStatus();
 }
 
+// data_file and data_file_raw (QEMU checks them after compat and before
+// refcount_bits). A new name must fit in cluster 0.
+absl::Status CheckDataFile(AmendTarget* t, const AmendOptions& o,
+                           AmendPlan* p) {
+  const Header& h = t->h;
+  p->old_data_file = p->new_data_file = h.data_file;
+  p->old_raw = p->new_raw = (h.autoclear_features & kAutoclearDataFileRaw) != 0;
+  if (o.data_file && (h.incompatible_features & kIncompatDataFile) == 0) {
+    return Refuse(
+        "data-file can only be set for images that use an external data "
+        "file");
+  }
+  if (o.data_file_raw) {
+    p->new_raw = *o.data_file_raw;
+    if (p->new_raw && !p->old_raw) {
+      return Refuse("data-file-raw cannot be set on existing images");
+    }
+  }
+  if (!o.data_file) return absl::OkStatus();
+  if (o.data_file->find('\0') != std::string::npos) {
+    return Refuse("A data file name may not hold a NUL byte");
+  }
+  p->new_data_file = o.data_file->empty()
+                         ? std::nullopt
+                         : std::optional<std::string>(*o.data_file);
+  Header next = h;
+  next.data_file = p->new_data_file;
+  if (!EncodeHeader(next).ok()) {
+    return Refuse(absl::StrFormat(
+        "%s: data file name '%s' (%u bytes) does not fit in the first "
+        "cluster (%u bytes) after the header and its extensions",
+        t->file->name(), *o.data_file, o.data_file->size(), h.cluster_size()));
+  }
+  return absl::OkStatus();
+}
+
 // Every check, in qemu-img's order; nothing is written. `luks` is the
 // unlocked area of an encrypted image, else null.
 absl::StatusOr<AmendPlan> Check(AmendTarget* t, const AmendOptions& o,
@@ -244,6 +291,7 @@ absl::StatusOr<AmendPlan> Check(AmendTarget* t, const AmendOptions& o,
   if (o.compat) {
     ASSIGN_OR_RETURN(p.new_version, ParseCompat(*o.compat));
   }
+  RETURN_IF_ERROR(CheckDataFile(t, o, &p));
   if (o.lazy_refcounts) p.new_lazy = *o.lazy_refcounts;
   p.old_size = p.new_size = h.size;
   if (o.size && *o.size != 0) p.new_size = *o.size;
@@ -372,6 +420,21 @@ absl::Status SetLazyRefcounts(AmendTarget* t, bool on) {
   return t->WriteHeaderFields();
 }
 
+// The new data file name and raw flag in one header write: cluster 0
+// whole when the name changes (the extensions and the backing name after
+// them move), else the header fields.
+absl::Status SetDataFile(AmendTarget* t, const AmendPlan& p) {
+  Header& h = t->h;
+  h.data_file = p.new_data_file;
+  if (p.new_raw) {
+    h.autoclear_features |= kAutoclearDataFileRaw;
+  } else {
+    h.autoclear_features &= ~kAutoclearDataFileRaw;
+  }
+  if (p.new_data_file == p.old_data_file) return t->WriteHeaderFields();
+  return t->WriteCluster0();
+}
+
 absl::Status Downgrade(AmendTarget* t) {
   RETURN_IF_ERROR(ExpandZeroClusters(t));
   SetVersion(&t->h, 2);
@@ -381,11 +444,15 @@ absl::Status Downgrade(AmendTarget* t) {
 }  // namespace
 
 absl::Status AmendQcow2(File* file, const AmendOptions& opts,
-                        const AmendResizer& resize) {
+                        const AmendResizer& resize,
+                        const AmendDataFileCheck& check_data_file) {
   AmendTarget t;
   t.file = file;
   t.progress = opts.progress;
   RETURN_IF_ERROR(t.Load());
+  if ((t.h.incompatible_features & kIncompatDataFile) && check_data_file) {
+    RETURN_IF_ERROR(check_data_file(*t.h.data_file));
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<AmendLuks> luks,
                    UnlockForAmend(&t, opts.key_secret));
   if (luks != nullptr) t.cipher = luks->volume.get();
@@ -424,6 +491,11 @@ absl::Status AmendQcow2(File* file, const AmendOptions& opts,
     }
     RETURN_IF_ERROR(resize(p.new_size));
     RETURN_IF_ERROR(t.Load());
+    step_done();
+  }
+  if (p.data_file_changes()) {
+    // After the resize: an image whose name was removed opens no more.
+    RETURN_IF_ERROR(SetDataFile(&t, p));
     step_done();
   }
   if (p.new_version < p.old_version) {

@@ -2,7 +2,7 @@
 // qemu-img amend on one qcow2 file (include/qcow2/amend.h has the
 // contract): the checks made before anything is written, then the steps in
 // QEMU's order (qcow2_amend_options): upgrade, refcount width, lazy
-// refcounts, downgrade. The steps work on the file directly, not through a
+// refcounts, size, data file, downgrade. The steps work on the file directly, not through a
 // Qcow2Layer: each is a short sequence of writes and flushes that ends in
 // one header write (docs/crash-consistency.md, "Amend").
 //
@@ -33,10 +33,17 @@ namespace qcow2::internal {
 // driver does it through an Image over the same file).
 using AmendResizer = std::function<absl::Status(uint64_t new_size)>;
 
+// Opens the external data file the image names `stored` (and closes it
+// again): QEMU's amend opens the image with its data file, so one that
+// does not open refuses the amend before anything is written.
+using AmendDataFileCheck = std::function<absl::Status(const std::string&)>;
+
 // Amends the qcow2 image in `file` (REQUIRES: opened read-write). A size
-// in `opts` is set through `resize`.
+// in `opts` is set through `resize`; an image with a data file is first
+// checked with `check_data_file` (if set).
 absl::Status AmendQcow2(File* file, const AmendOptions& opts,
-                        const AmendResizer& resize);
+                        const AmendResizer& resize,
+                        const AmendDataFileCheck& check_data_file = nullptr);
 
 // The image being amended: its file and header as on disk.
 struct AmendTarget {

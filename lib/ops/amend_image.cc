@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "lib/base/endian.h"
 #include "lib/base/status_macros.h"
+#include "lib/chain/chain.h"
 #include "lib/ops/amend.h"
 #include "lib/format/header.h"
 #include "lib/io/forwarding_file.h"
@@ -20,9 +21,10 @@ namespace {
 // Resizes through an Image over `file`, which the caller keeps (and
 // keeps locked).
 absl::Status ResizeThrough(File* file, uint64_t new_size,
-                           const std::string& key_secret) {
+                           const AmendOptions& opts) {
   OpenOptions oo;
-  oo.key_secret = key_secret;
+  oo.key_secret = opts.key_secret;
+  oo.opener = opts.opener;  // for a data file
   oo.read_write = true;
   oo.format = "qcow2";
   oo.open_backing = false;  // the size needs no backing data
@@ -49,8 +51,14 @@ absl::Status AmendImage(const std::string& path, const AmendOptions& opts) {
   }
   File* f = file.get();
   return internal::AmendQcow2(
-      f, opts, [f, &opts](uint64_t size) {
-        return ResizeThrough(f, size, opts.key_secret);
+      f, opts,
+      [f, &opts](uint64_t size) { return ResizeThrough(f, size, opts); },
+      [&path, &opts](const std::string& stored) -> absl::Status {
+        OpenOptions oo;
+        oo.read_write = true;
+        oo.opener = opts.opener;
+        // Opened and closed again: a resize opens it on its own.
+        return internal::OpenDataFile(path, stored, oo).status();
       });
 }
 

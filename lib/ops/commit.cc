@@ -56,9 +56,16 @@ absl::Status EmptyTop(const std::string& path, const OpenOptions& base_opts) {
   oo.read_write = true;
   oo.force_share = false;
   oo.format = "qcow2";
-  ASSIGN_OR_RETURN(std::unique_ptr<internal::Qcow2Layer> layer,
-                   internal::Qcow2Layer::Open(
-                       internal::AccountedFile::Wrap(std::move(file)), oo));
+  // A top with an external data file opens it as any open does (the
+  // data file's clusters are let go of there).
+  auto open_data = [&](const std::string& stored)
+      -> absl::StatusOr<std::unique_ptr<File>> {
+    return internal::OpenDataFile(path, stored, oo);
+  };
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<internal::Qcow2Layer> layer,
+      internal::Qcow2Layer::Open(
+          internal::AccountedFile::Wrap(std::move(file)), oo, open_data));
   absl::Status s = internal::MakeEmpty(layer.get());
   absl::Status closed = layer->Close();
   return s.ok() ? closed : s;

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "lib/base/math.h"
@@ -26,6 +28,9 @@ absl::Status MakeEmpty(Qcow2Layer* layer) {
   ClusterMap& map = layer->cluster_map();
   const Geometry& g = map.geometry();
   const uint64_t end = DivRoundUp(layer->size(), g.cluster_size);
+  // Host runs in an external data file (offset, bytes), discarded once the
+  // cleared entries are durable, as QEMU's make_empty does.
+  std::vector<std::pair<uint64_t, uint64_t>> data_runs;
   for (uint64_t c = 0; c < end;) {
     const uint64_t idx = c / g.l2_entries;
     const uint64_t table_end = std::min(end, (idx + 1) * g.l2_entries);
@@ -45,11 +50,28 @@ absl::Status MakeEmpty(Qcow2Layer* layer) {
       }
       ref.Set(0, 0);
       RETURN_IF_ERROR(layer->writer().ReleaseHost(entry, bitmap, guest));
+      const uint64_t host = entry & kEntryOffsetMask;
+      if (layer->has_data_file() && host != 0) {
+        if (!data_runs.empty() &&
+            data_runs.back().first + data_runs.back().second == host) {
+          data_runs.back().second += g.cluster_size;
+        } else {
+          data_runs.push_back({host, g.cluster_size});
+        }
+      }
     }
   }
   // The flush writes the cleared entries before the refcounts they let go
   // of (FlushSequencer's order).
-  return layer->Flush();
+  RETURN_IF_ERROR(layer->Flush());
+  // Only now, with no entry naming them, may the data clusters go: a
+  // power cut before leaves the top reading its old (committed) data.
+  // Advisory, as any discard: a file system without hole punching keeps
+  // the bytes, which nothing reads any more.
+  for (const auto& [host, len] : data_runs) {
+    layer->data_file()->Discard(host, len).IgnoreError();
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace qcow2::internal

@@ -14,7 +14,9 @@ namespace qcow2::internal {
 // flushes: the entries are durable before the counts they let go of (a
 // power cut part way leaves some entries cleared and leaks at most). The
 // emptied L2 tables stay allocated, as QEMU's discard fallback leaves
-// them. Meant for a top whose data is already in its backing file (a
+// them. With an external data file, the clusters the entries named are
+// discarded there after the flush (the data file keeps its size), as QEMU
+// does. Meant for a top whose data is already in its backing file (a
 // commit): any subset of cleared entries then reads the same.
 // kUnimplemented with internal snapshots (their tables share clusters);
 // kFailedPrecondition unless writable and open.
