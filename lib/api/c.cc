@@ -97,15 +97,6 @@ absl::Status ForEachOption(const char* options, absl::string_view what,
   return absl::OkStatus();
 }
 
-// Wipes the secrets an option string read (key-secret-file and its
-// backing.* forms) once the chain is unlocked.
-void WipeSecrets(qcow2::OpenOptions* o) {
-  qcow2::internal::WipeString(&o->key_secret);
-  for (std::string& s : o->backing_key_secrets) {
-    qcow2::internal::WipeString(&s);
-  }
-}
-
 absl::Status BadValue(absl::string_view key, absl::string_view value,
                       absl::string_view expected) {
   return absl::InvalidArgumentError(absl::StrCat(
@@ -394,6 +385,11 @@ absl::Status ParseOpenOptions(const char* options, absl::string_view what,
                        });
 }
 
+void WipeOpenSecrets(OpenOptions* o) {
+  internal::WipeString(&o->key_secret);
+  for (std::string& s : o->backing_key_secrets) internal::WipeString(&s);
+}
+
 absl::Status ParseCreateOptions(const char* options, absl::string_view what,
                                 CreateOptions* out) {
   return ForEachOption(options, what,
@@ -444,14 +440,11 @@ int qcow2_image_open_ex(const char* path, const char* options,
   *out = nullptr;
   if (NullArg(path, "path", errptr)) return -EINVAL;
   qcow2::OpenOptions opts;
+  qcow2::c_api::ScopedSecretWipe wipe(&opts);
   absl::Status s = qcow2::c_api::ParseOpenOptions(
       options, absl::StrCat("opening ", path), &opts);
-  if (!s.ok()) {
-    WipeSecrets(&opts);
-    return Report(s, errptr);
-  }
+  if (!s.ok()) return Report(s, errptr);
   auto image = qcow2::Image::Open(path, opts);
-  WipeSecrets(&opts);
   if (!image.ok()) return Report(image.status(), errptr);
   *out = new qcow2_image_t{std::move(*image)};
   return 0;
