@@ -42,6 +42,7 @@
 #include <mutex>
 #include <semaphore>
 #include <string>
+#include <string_view>
 #include <unordered_set>
 #include <vector>
 
@@ -66,6 +67,10 @@ struct Config {
   bool use_queue = true;  // what ConfigComplete decided
   bool direct = false;
   bool force_share = false;
+  // key-secret-fd= and backing.key-secret-fd=, ...: OpenOptions::key_secret
+  // and backing_key_secrets, wiped once the image is open.
+  std::string key_secret;
+  std::vector<std::string> backing_key_secrets;
 };
 
 Config g_config;
@@ -275,6 +280,51 @@ int RunRequest(const char* name, Op op, void* buf, uint64_t count,
 
 // --- Configuration callbacks ---
 
+// The depth of a key-secret-fd key: 0 for "key-secret-fd", 1 for
+// "backing.key-secret-fd" (the top's backing file), ...; -1 for others.
+int SecretDepth(std::string_view key) {
+  int depth = 0;
+  while (key.substr(0, 8) == "backing.") {
+    key.remove_prefix(8);
+    ++depth;
+  }
+  return key == "key-secret-fd" ? depth : -1;
+}
+
+// Reads a key secret to its end from an inherited descriptor (qcowtool
+// serve passes a memfd), exactly its bytes, and closes it: the secret
+// never appears on a command line, where /proc would show it.
+int ReadSecretFd(const char* key, const char* value, std::string* out) {
+  int fd = -1;
+  if (nbdkit_parse_int(key, value, &fd) == -1) return -1;
+  if (fd < 0) {
+    nbdkit_error("%s=%s: expected a file descriptor", key, value);
+    return -1;
+  }
+  char buf[4096];
+  ssize_t n = 0;
+  while ((n = ::read(fd, buf, sizeof buf)) != 0) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      nbdkit_error("%s=%d: reading the secret: %m", key, fd);
+      break;
+    }
+    out->append(buf, static_cast<size_t>(n));
+  }
+  explicit_bzero(buf, sizeof buf);
+  ::close(fd);
+  return n < 0 ? -1 : 0;
+}
+
+void WipeSecrets() {
+  explicit_bzero(g_config.key_secret.data(), g_config.key_secret.size());
+  g_config.key_secret.clear();
+  for (std::string& s : g_config.backing_key_secrets) {
+    explicit_bzero(s.data(), s.size());
+  }
+  g_config.backing_key_secrets.clear();
+}
+
 int Config(const char* key, const char* value) {
   if (std::strcmp(key, "file") == 0) {
     char* abs = nbdkit_absolute_path(value);  // nbdkit may chdir("/")
@@ -301,6 +351,13 @@ int Config(const char* key, const char* value) {
     g_config.backing_root = abs;
     std::free(abs);
     return 0;
+  }
+  if (int depth = SecretDepth(key); depth == 0) {
+    return ReadSecretFd(key, value, &g_config.key_secret);
+  } else if (depth > 0) {
+    auto& v = g_config.backing_key_secrets;
+    if (v.size() < static_cast<size_t>(depth)) v.resize(depth);
+    return ReadSecretFd(key, value, &v[depth - 1]);
   }
   if (std::strcmp(key, "queue") == 0) {
     if (std::strcmp(value, "auto") == 0) {
@@ -350,7 +407,14 @@ int GetReady() {
   opts.direct_io = g_config.direct;
   opts.force_share = g_config.force_share;
   opts.backing_root = g_config.backing_root;
+  opts.key_secret = g_config.key_secret;
+  opts.backing_key_secrets = g_config.backing_key_secrets;
   auto image = qcow2::Image::Open(g_config.file, opts);
+  explicit_bzero(opts.key_secret.data(), opts.key_secret.size());
+  for (std::string& k : opts.backing_key_secrets) {
+    explicit_bzero(k.data(), k.size());
+  }
+  WipeSecrets();
   if (!image.ok()) {
     const std::string msg(image.status().message());
     nbdkit_error("opening %s: %s", g_config.file.c_str(), msg.c_str());
@@ -520,6 +584,11 @@ nbdkit_plugin MakePlugin() {
       "                      calls (auto: queues with direct=true only)\n"
       "direct=true           O_DIRECT for every file of the chain\n"
       "backing-root=DIR      refuse backing files outside DIR\n"
+      "key-secret-fd=FD      the secret of LUKS-encrypted images: the bytes\n"
+      "                      read from inherited descriptor FD\n"
+      "backing.key-secret-fd=FD, backing.backing.key-secret-fd=FD ...\n"
+      "                      the secret of the backing file, of its\n"
+      "                      backing file, ... (default: key-secret-fd's)\n"
       "export=NAME           the export's name (other names are refused)";
   p.magic_config_key = "file";
   p.get_ready = GetReady;

@@ -582,6 +582,89 @@ static void test_luks(void) {
       -EINVAL, err, "metadata_only");
 }
 
+/* Writes `text` to `path`; non-zero on success. */
+static int write_file(const char* path, const char* text) {
+  FILE* f = fopen(path, "wb");
+  CHECK(f != NULL);
+  if (f == NULL) return 0;
+  fputs(text, f);
+  fclose(f);
+  return 1;
+}
+
+/* A chain whose base and top are encrypted with different secrets: the
+ * base made by qemu-img (--object secret), the top by
+ * qcow2_image_create (a low PBKDF2 count: qemu-img's create measures
+ * its count for seconds), both filled by qemu-io. The top's secret alone
+ * is refused (-EACCES); backing.key-secret-file= gives the base's, and
+ * then every byte of the disk reads as `qemu-img convert` reads it with
+ * QEMU's backing.encrypt.key-secret. */
+#define CHAIN_SIZE (2 * MIB)
+static void test_luks_chain(void) {
+  char* err = NULL;
+  char base[4200], top[4200], s0[4200], s1[4200], raw[4200];
+  char opts[17000], cmd[70000];
+  snprintf(base, sizeof base, "%s/lbase.qcow2", dir_path);
+  snprintf(top, sizeof top, "%s/ltop.qcow2", dir_path);
+  snprintf(s0, sizeof s0, "%s/s0", dir_path);
+  snprintf(s1, sizeof s1, "%s/s1", dir_path);
+  snprintf(raw, sizeof raw, "%s/lchain.raw", dir_path);
+  if (!write_file(s0, "base-pass") || !write_file(s1, "top-pass")) return;
+  snprintf(cmd, sizeof cmd,
+           "qemu-img create -q -f qcow2 --object secret,id=s0,file=%s "
+           "-o encrypt.format=luks,encrypt.key-secret=s0,encrypt.iter-time=10 "
+           "'%s' 2M && "
+           "qemu-io --object secret,id=s0,file=%s --image-opts "
+           "driver=qcow2,file.filename=%s,encrypt.key-secret=s0 "
+           "-c 'write -P 0x5a 0 192k' -c 'write -P 0x33 1M 64k' >/dev/null",
+           s0, base, s0, base);
+  CHECK(system(cmd) == 0);
+  snprintf(opts, sizeof opts,
+           "encrypt.format=luks,encrypt.key-secret-file=%s,"
+           "encrypt.iterations=1000,backing_fmt=qcow2", s1);
+  CHECK_OK(qcow2_image_create(top, base, 0, opts, &err), err);
+  snprintf(cmd, sizeof cmd,
+           "qemu-io --object secret,id=s0,file=%s --object secret,id=s1,file=%s "
+           "--image-opts driver=qcow2,file.filename=%s,encrypt.key-secret=s1,"
+           "backing.encrypt.key-secret=s0 -c 'write -P 0x61 64k 64k' "
+           "-c 'write -z 1M 4k' >/dev/null && "
+           "qemu-img convert -O raw --object secret,id=s0,file=%s "
+           "--object secret,id=s1,file=%s --image-opts "
+           "driver=qcow2,file.filename=%s,encrypt.key-secret=s1,"
+           "backing.encrypt.key-secret=s0 '%s'",
+           s0, s1, top, s0, s1, top, raw);
+  CHECK(system(cmd) == 0);
+  qcow2_image_t* img = NULL;
+  snprintf(opts, sizeof opts, "key-secret-file=%s", s1);
+  EXPECT_ERROR(qcow2_image_open_ex(top, opts, &img, &err), -EACCES, err,
+               "lbase.qcow2");
+  snprintf(opts, sizeof opts, "key-secret-file=%s,backing.backing.key-secret-file=%s",
+           s1, s0);
+  EXPECT_ERROR(qcow2_image_open_ex(top, opts, &img, &err), -EACCES, err,
+               "lbase.qcow2");
+  snprintf(opts, sizeof opts, "key-secret-file=%s,backing.key-secret-file=%s",
+           s1, s0);
+  CHECK_OK(qcow2_image_open_ex(top, opts, &img, &err), err);
+  if (img == NULL) return;
+  CHECK(qcow2_image_chain_length(img) == 2);
+  uint8_t* ours = malloc(CHAIN_SIZE);
+  uint8_t* theirs = malloc(CHAIN_SIZE);
+  FILE* f = fopen(raw, "rb");
+  CHECK(ours != NULL && theirs != NULL && f != NULL);
+  if (ours != NULL && theirs != NULL && f != NULL) {
+    CHECK(fread(theirs, 1, CHAIN_SIZE, f) == CHAIN_SIZE);
+    CHECK_OK(qcow2_image_read(img, 0, ours, CHAIN_SIZE, &err), err);
+    CHECK(memcmp(ours, theirs, CHAIN_SIZE) == 0);
+    /* Not vacuous: the base's, the top's and the zeroed data differ. */
+    CHECK(ours[0] == 0x5a && ours[65536] == 0x61 && ours[131072] == 0x5a);
+    CHECK(ours[MIB] == 0 && ours[MIB + 4096] == 0x33);
+  }
+  if (f != NULL) fclose(f);
+  free(ours);
+  free(theirs);
+  qcow2_image_destroy(img);
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: %s SCRATCH_DIR\n", argv[0]);
@@ -605,6 +688,7 @@ int main(int argc, char** argv) {
   test_errors();
   test_open_errnos();
   test_luks();
+  test_luks_chain();
   CHECK(qemu_agrees());
   test_live();
   free(model);

@@ -23,6 +23,7 @@
 #include "qcow2/image.h"
 #include "qcow2/options.h"
 #include "tests/util/harden_sha256.h"
+#include "tests/util/luks_cli.h"
 #include "tests/util/test_util.h"
 
 namespace qcow2 {
@@ -31,6 +32,7 @@ namespace {
 using ::qcow2::testing::CommandResult;
 using ::qcow2::testing::ReadFileBytes;
 using ::qcow2::testing::Sha256Hex;
+using ::qcow2::testing::StopServer;
 using ::qcow2::testing::TempDir;
 using ::testing::HasSubstr;
 
@@ -44,25 +46,9 @@ std::string Opts(const std::string& path) {
                       ",encrypt.key-secret=s0");
 }
 
-// An encrypted 4 MiB image (over `backing` when not empty) whose first
-// cluster holds 0x5a.
+// The shared image with this file's secret.
 void MakeEncrypted(const std::string& path, const std::string& backing = "") {
-  CreateOptions o;
-  o.size = 4 << 20;
-  o.encrypt.format = "luks";
-  o.encrypt.key_secret = kPass;
-  o.encrypt.iterations = 1000;
-  o.backing_file = backing;
-  if (!backing.empty()) o.backing_format = "qcow2";
-  ASSERT_TRUE(CreateImage(path, o).ok());
-  OpenOptions oo;
-  oo.read_write = true;
-  oo.key_secret = kPass;
-  oo.open_backing = false;
-  auto img = Image::Open(path, oo);
-  ASSERT_TRUE(img.ok()) << img.status();
-  ASSERT_TRUE((*img)->Write(0, std::vector<uint8_t>(65536, 0x5a)).ok());
-  ASSERT_TRUE((*img)->Close().ok());
+  ::qcow2::testing::MakeEncrypted(path, kPass, backing);
 }
 
 CommandResult Tool(std::vector<std::string> args) {
@@ -295,19 +281,6 @@ pid_t StartServer(const std::vector<std::string>& args,
   pid_t pid = -1;
   in >> pid;
   return r.exit_code == 0 ? pid : -1;
-}
-
-void StopServer(pid_t pid) {
-  ASSERT_GT(pid, 0);
-  ASSERT_EQ(kill(pid, SIGTERM), 0);
-  // Gone, or a zombie nobody reaps (its parent exited at --fork): the
-  // locks go with it.
-  for (int i = 0; i < 500; ++i) {
-    std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
-    std::string pid_field, comm, state;
-    if (!(stat >> pid_field >> comm >> state) || state == "Z") break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
 }
 
 TEST(CliLuksVerbsTest, ServeAndVhost) {

@@ -300,6 +300,9 @@ absl::Status OpenPolicy::ResolveImage(std::string* image,
                                       std::string* format) {
   key_secret.clear();
   backing_key_secrets.clear();
+  key_secret_id.clear();
+  backing_keys.clear();
+  image_spec = *image;
   if (!image_opts) return absl::OkStatus();
   auto parsed = ParseQemuOpts(*image, nullptr);
   if (!parsed.ok()) return parsed.status();
@@ -325,7 +328,9 @@ absl::Status OpenPolicy::ResolveImage(std::string* image,
       }
       if (depth == 0) {
         key_secret = s->second;
+        key_secret_id = v;
       } else {
+        backing_keys.push_back(k);
         if (backing_key_secrets.size() < depth) backing_key_secrets.resize(depth);
         backing_key_secrets[depth - 1] = s->second;
       }
@@ -348,6 +353,25 @@ void OpenPolicy::ApplyTo(OpenOptions* opts) const {
   opts->backing_root = backing_root;
   opts->key_secret = key_secret;
   opts->backing_key_secrets = backing_key_secrets;
+}
+
+std::string OpenPolicy::QemuImageName(const std::string& path,
+                                      std::string_view format) const {
+  if (key_secret_id.empty()) return path;
+  // As QEMU's bdrv_refresh_filename: the driver, its options that are not
+  // defaults, and the protocol child, printed as qobject_to_json prints a
+  // QDict (members in hash-bucket order; JsonFormat::qemu). Inserted in
+  // QEMU's order, which decides within a bucket.
+  Json file = Json::Object();
+  file.Set("driver", Json::String("file"));
+  file.Set("filename", Json::String(path));
+  Json opts = Json::Object();
+  opts.Set("driver", Json::String(format));
+  opts.Set("encrypt.key-secret", Json::String(key_secret_id));
+  opts.Set("file", std::move(file));
+  JsonFormat one_line = JsonFormat::Compact();
+  one_line.qemu = true;
+  return "json:" + ToJson(opts, one_line);
 }
 
 absl::Status CheckImageFormat(std::string_view text) {

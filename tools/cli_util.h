@@ -98,6 +98,12 @@ struct OpenPolicy {
   // backing.backing.encrypt.key-secret=ID, ...).
   std::string key_secret;
   std::vector<std::string> backing_key_secrets;
+  // What ResolveImage was given (the option string under --image-opts),
+  // the id its encrypt.key-secret named, and the backing.* keys it had:
+  // what qemu-img prints and refuses (QemuImageName, info).
+  std::string image_spec;
+  std::string key_secret_id;
+  std::vector<std::string> backing_keys;
 
   // Adds one --object (only secret objects; qemu-img's messages).
   absl::Status AddObject(std::string_view spec);
@@ -109,6 +115,13 @@ struct OpenPolicy {
   // Sets OpenOptions::force_share, backing_root, key_secret and
   // backing_key_secrets.
   void ApplyTo(OpenOptions* opts) const;
+
+  // The name QEMU gives the image ResolveImage resolved to `path` (bs->
+  // filename, what `qemu-img info` prints): `path`, or with an option
+  // QEMU deems not a default (encrypt.key-secret) a json: name of the
+  // options, `format` the driver opened.
+  std::string QemuImageName(const std::string& path,
+                            std::string_view format) const;
 };
 inline constexpr char kSecretHelp[] =
     "  --object secret,id=ID,data=STRING|file=PATH  a secret, for\n"

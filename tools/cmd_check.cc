@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "qcow2/file.h"
+#include "qcow2/image.h"
 #include "qcow2/maintenance.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
@@ -191,6 +192,25 @@ int ParseArgs(int argc, char** argv, CheckArgs* a) {
   return kGoOn;
 }
 
+// qemu-img check opens the image as every verb does, so an encrypted one
+// fails without its secret (or with a wrong one) before anything is
+// checked, though the check itself reads metadata only. Other open
+// failures are left to the check, which names what is malformed.
+absl::Status CheckSecret(const CheckArgs& a) {
+  OpenOptions o;
+  o.format = "qcow2";
+  o.open_backing = false;
+  a.policy.ApplyTo(&o);
+  // Only the key slots matter here; the lock is the check's own.
+  o.force_share = true;
+  auto image = Image::Open(a.filename, o);
+  if (image.ok() ||
+      image.status().code() != absl::StatusCode::kPermissionDenied) {
+    return absl::OkStatus();
+  }
+  return image.status();
+}
+
 }  // namespace
 
 int RunCheck(int argc, char** argv) {
@@ -216,6 +236,12 @@ int RunCheck(int argc, char** argv) {
     std::fprintf(stderr,
                  "qcowtool: force-share=on can only be used with read-only "
                  "images\n");
+    return kExitFailed;
+  }
+  if (absl::Status s = CheckSecret(args); !s.ok()) {
+    std::fprintf(stderr, "qcowtool: Could not open '%s': %s\n",
+                 args.policy.image_spec.c_str(),
+                 std::string(s.message()).c_str());
     return kExitFailed;
   }
   qcow2::FileOptions opts;
@@ -263,7 +289,9 @@ int RunCheck(int argc, char** argv) {
   }
   PrintMessages(r, first_end, r.messages.size());
   if (!quiet) {
-    const std::string report = json ? JsonReport(r, filename) : HumanReport(r);
+    // As given: qemu-img prints the --image-opts string itself.
+    const std::string report =
+        json ? JsonReport(r, args.policy.image_spec) : HumanReport(r);
     std::fwrite(report.data(), 1, report.size(), stdout);
     std::fflush(stdout);
   }

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "qcow2/image.h"
 #include "tools/cli_util.h"
 #include "tools/commands.h"
@@ -57,6 +58,21 @@ int ParseArgs(int argc, char** argv, InfoArgs* args) {
   return ParseOneImage(&parser, argc, argv, &args->image);
 }
 
+// qemu-img info opens the image without its backing file
+// (BDRV_O_NO_BACKING), so a backing.* option is left over and refused, as
+// QEMU words it, naming the key its QDict iterates first.
+absl::Status RefuseBackingOptions(const OpenPolicy& policy) {
+  if (policy.backing_keys.empty()) return absl::OkStatus();
+  const std::string* first = &policy.backing_keys[0];
+  for (const std::string& k : policy.backing_keys) {
+    if (QemuKeyBucket(k) <= QemuKeyBucket(*first)) first = &k;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("Could not open '", policy.image_spec,
+                   "': Block format 'qcow2' does not support the option '",
+                   *first, "'"));
+}
+
 }  // namespace
 
 int RunInfo(int argc, char** argv) {
@@ -64,6 +80,9 @@ int RunInfo(int argc, char** argv) {
   if (int rc = ParseArgs(argc, argv, &args); rc >= 0) return rc;
   if (auto s = args.policy.ResolveImage(&args.image, &args.format); !s.ok()) {
     return ReportError(s);
+  }
+  if (auto s = RefuseBackingOptions(args.policy); !s.ok()) {
+    return ReportFailure(s.message());  // a wrong argument: exit 1
   }
 
   OpenOptions opts;
@@ -87,6 +106,11 @@ int RunInfo(int argc, char** argv) {
     ImageFacts f{chain[i], names[i], std::nullopt};
     if (auto size = AllocatedFileSize(names[i]); size.ok()) {
       f.actual_size = *size;
+    }
+    // The backing files keep their own names: qemu-img opens each by name.
+    if (i == 0) {
+      f.name = args.policy.QemuImageName(names[0],
+                                         FormatName(chain[0].format));
     }
     facts.push_back(std::move(f));
   }

@@ -110,6 +110,13 @@ int ParseArgs(int argc, char** argv, MeasureArgs* args) {
   if (args->snapshot) {
     return ReportFailure("-l (measuring an internal snapshot) is not supported yet");
   }
+  if (args->filename) {
+    // --image-opts: the file, driver and secrets of the option string.
+    if (auto s = args->policy.ResolveImage(&*args->filename, &args->format);
+        !s.ok()) {
+      return ReportFailure(s.message());
+    }
+  }
   return -1;
 }
 

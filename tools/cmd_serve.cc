@@ -18,6 +18,7 @@
 // returns once the pid file is written: nbdkit's first process exits as
 // soon as its daemon is forked, before the daemon writes the file.
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -262,6 +263,54 @@ std::string PluginPath() {
   }
 #endif
   return "libqcow2";
+}
+
+// A memfd holding `secret` for nbdkit to inherit (the plugin's
+// key-secret-fd=): the secret stays off the command line. Not
+// close-on-exec, on purpose.
+absl::StatusOr<int> SecretFd(const std::string& secret) {
+  const int fd = ::memfd_create("qcowtool-key-secret", 0);
+  if (fd < 0) return absl::ErrnoToStatus(errno, "memfd_create");
+  size_t done = 0;
+  while (done < secret.size()) {
+    const ssize_t n = ::write(fd, secret.data() + done, secret.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      return absl::ErrnoToStatus(err, "writing the key secret to a memfd");
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::lseek(fd, 0, SEEK_SET) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return absl::ErrnoToStatus(err, "lseek");
+  }
+  return fd;
+}
+
+// The plugin's key-secret-fd= parameters for the secrets of --image-opts.
+absl::StatusOr<std::vector<std::string>> NbdkitSecretArgs(const ServeArgs& a) {
+  std::vector<std::string> out;
+  auto add = [&](const std::string& key, const std::string& secret) {
+    if (secret.empty()) return absl::OkStatus();
+    absl::StatusOr<int> fd = SecretFd(secret);
+    if (!fd.ok()) return fd.status();
+    out.push_back(absl::StrCat(key, "=", *fd));
+    return absl::OkStatus();
+  };
+  if (absl::Status s = add("key-secret-fd", a.secrets.key_secret); !s.ok()) {
+    return s;
+  }
+  std::string prefix;
+  for (const std::string& secret : a.secrets.backing_key_secrets) {
+    prefix += "backing.";
+    if (absl::Status s = add(prefix + "key-secret-fd", secret); !s.ok()) {
+      return s;
+    }
+  }
+  return out;
 }
 
 std::vector<std::string> NbdkitArgv(const ServeArgs& a) {
@@ -549,6 +598,9 @@ int RunServe(int argc, char** argv) {
   }
   if (absl::Status s = CheckOpens(args); !s.ok()) return ReportError(s);
   std::vector<std::string> nbdkit = NbdkitArgv(args);
+  absl::StatusOr<std::vector<std::string>> secret_args = NbdkitSecretArgs(args);
+  if (!secret_args.ok()) return ReportError(secret_args.status());
+  nbdkit.insert(nbdkit.end(), secret_args->begin(), secret_args->end());
   std::vector<char*> cargv;
   for (std::string& arg : nbdkit) cargv.push_back(arg.data());
   cargv.push_back(nullptr);

@@ -13,11 +13,11 @@
 
 namespace qcow2::tool {
 
-namespace {
-
 const char* FormatName(ImageFormat f) {
   return f == ImageFormat::kQcow2 ? "qcow2" : "raw";
 }
+
+namespace {
 
 // The persistent bitmaps of a qcow2 layer as QEMU lists them
 // (Qcow2BitmapInfo: name, granularity, flags "in-use" then "auto"), or

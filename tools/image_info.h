@@ -14,6 +14,9 @@
 
 namespace qcow2::tool {
 
+// QEMU's name of the format ("qcow2", "raw").
+const char* FormatName(ImageFormat f);
+
 struct ImageFacts {
   LayerInfo info;
   std::string name;  // as QEMU shows it (QemuChainNames)

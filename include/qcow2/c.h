@@ -118,6 +118,12 @@ QCOW2_EXPORT qcow2_image_t* qcow2_image_open(const char* path, int read_write,
  *   key-secret-file=PATH the secret of LUKS-encrypted images (the file's
  *                        bytes; without it, or wrong: -EACCES). Copies
  *                        the library makes are wiped after the unlock.
+ *   backing.key-secret-file=PATH, backing.backing.key-secret-file=PATH ...
+ *                        the secret of the top's backing file, of that
+ *                        file's backing file, ... (QEMU's
+ *                        backing.encrypt.key-secret), for chains whose
+ *                        encrypted images have different secrets; an image
+ *                        given none uses key-secret-file's. Wiped likewise.
  *   metadata-only=on|off read-only only: open an encrypted image without
  *                        its secret for its metadata (size, chain, as
  *                        qemu-img info); reads of its data fail with

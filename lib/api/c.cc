@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -212,6 +213,15 @@ absl::Status ApplyCreateOption(absl::string_view key, absl::string_view v,
   return absl::OkStatus();
 }
 
+// The depth of a `backing.` key-secret-file key (QEMU's
+// backing.encrypt.key-secret naming: 1 for "backing.key-secret-file", 2
+// for "backing.backing.key-secret-file", ...), 0 for any other key.
+size_t BackingSecretDepth(absl::string_view key) {
+  size_t depth = 0;
+  while (absl::ConsumePrefix(&key, "backing.")) ++depth;
+  return key == "key-secret-file" ? depth : 0;
+}
+
 absl::Status ApplyOpenOption(absl::string_view key, absl::string_view v,
                              qcow2::OpenOptions* o) {
   bool b = false;
@@ -248,6 +258,12 @@ absl::Status ApplyOpenOption(absl::string_view key, absl::string_view v,
     o->lock = b;
   } else if (key == "key-secret-file") {
     return ReadSecretFile(key, v, &o->key_secret);
+  } else if (size_t depth = BackingSecretDepth(key); depth != 0) {
+    if (depth > 4096) return BadValue(key, v, "a chain at most 4096 deep");
+    if (o->backing_key_secrets.size() < depth) {
+      o->backing_key_secrets.resize(depth);
+    }
+    return ReadSecretFile(key, v, &o->backing_key_secrets[depth - 1]);
   } else if (key == "metadata-only") {
     if (!ParseSwitch(v, &b)) return BadValue(key, v, "on or off");
     o->metadata_only = b;
@@ -261,7 +277,8 @@ absl::Status ApplyOpenOption(absl::string_view key, absl::string_view v,
         "unknown option '", key,
         "' (known: read-only, format, direct, cache-size, "
         "refcount-cache-size, backing, backing-root, force-share, locking, "
-        "no-flush, max-chain, key-secret-file, metadata-only)"));
+        "no-flush, max-chain, key-secret-file, backing.key-secret-file, "
+        "metadata-only)"));
   }
   return absl::OkStatus();
 }
@@ -368,6 +385,11 @@ absl::Status ParseOpenOptions(const char* options, absl::string_view what,
                        });
 }
 
+void WipeOpenSecrets(OpenOptions* o) {
+  internal::WipeString(&o->key_secret);
+  for (std::string& s : o->backing_key_secrets) internal::WipeString(&s);
+}
+
 absl::Status ParseCreateOptions(const char* options, absl::string_view what,
                                 CreateOptions* out) {
   return ForEachOption(options, what,
@@ -418,14 +440,11 @@ int qcow2_image_open_ex(const char* path, const char* options,
   *out = nullptr;
   if (NullArg(path, "path", errptr)) return -EINVAL;
   qcow2::OpenOptions opts;
+  qcow2::c_api::ScopedSecretWipe wipe(&opts);
   absl::Status s = qcow2::c_api::ParseOpenOptions(
       options, absl::StrCat("opening ", path), &opts);
-  if (!s.ok()) {
-    qcow2::internal::WipeString(&opts.key_secret);
-    return Report(s, errptr);
-  }
+  if (!s.ok()) return Report(s, errptr);
   auto image = qcow2::Image::Open(path, opts);
-  qcow2::internal::WipeString(&opts.key_secret);
   if (!image.ok()) return Report(image.status(), errptr);
   *out = new qcow2_image_t{std::move(*image)};
   return 0;

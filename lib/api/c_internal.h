@@ -104,6 +104,22 @@ absl::Status ParseOpenOptions(const char* options, absl::string_view what,
 absl::Status ParseCreateOptions(const char* options, absl::string_view what,
                                 CreateOptions* out);
 
+// Wipes the secrets an option string read (key-secret-file= and its
+// backing.* forms).
+void WipeOpenSecrets(OpenOptions* o);
+
+// Wipes them when the call that used them returns, however it returns.
+class ScopedSecretWipe {
+ public:
+  explicit ScopedSecretWipe(OpenOptions* o) : o_(o) {}
+  ~ScopedSecretWipe() { WipeOpenSecrets(o_); }
+  ScopedSecretWipe(const ScopedSecretWipe&) = delete;
+  ScopedSecretWipe& operator=(const ScopedSecretWipe&) = delete;
+
+ private:
+  OpenOptions* o_;
+};
+
 }  // namespace qcow2::c_api
 
 #endif  // QCOW2_LIB_API_C_INTERNAL_H_

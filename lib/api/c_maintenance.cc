@@ -299,6 +299,7 @@ int qcow2_commit(const char* path, const char* base, int keep_top,
                  char** errptr) {
   if (NullArg(path, "path", errptr)) return -EINVAL;
   qcow2::ChainOpOptions o;
+  qcow2::c_api::ScopedSecretWipe wipe(&o.open);
   if (int rc = ChainOptions(opts, path, &o, errptr); rc != 0) return rc;
   qcow2::CommitSpec spec;
   spec.image = path;
@@ -315,6 +316,7 @@ int qcow2_rebase(const char* path, const char* backing,
                  const qcow2_chain_op_options_t* opts, char** errptr) {
   if (NullArg(path, "path", errptr)) return -EINVAL;
   qcow2::ChainOpOptions o;
+  qcow2::c_api::ScopedSecretWipe wipe(&o.open);
   if (int rc = ChainOptions(opts, path, &o, errptr); rc != 0) return rc;
   qcow2::RebaseSpec spec;
   spec.image = path;
@@ -328,6 +330,7 @@ int qcow2_stream(const char* path, const char* base,
                  const qcow2_chain_op_options_t* opts, char** errptr) {
   if (NullArg(path, "path", errptr)) return -EINVAL;
   qcow2::ChainOpOptions o;
+  qcow2::c_api::ScopedSecretWipe wipe(&o.open);
   if (int rc = ChainOptions(opts, path, &o, errptr); rc != 0) return rc;
   qcow2::StreamSpec spec;
   spec.image = path;

@@ -336,6 +336,19 @@ impl OpenOptions {
         self
     }
 
+    /// `backing.key-secret-file=`, `backing.backing.key-secret-file=` ...:
+    /// the secret of the encrypted image `depth` files below the top (1:
+    /// its backing file; 0: the top, as `key_secret_file`), for chains
+    /// whose images have different secrets (QEMU's
+    /// `backing.encrypt.key-secret`). An image given none uses
+    /// `key_secret_file`'s.
+    pub fn backing_key_secret_file(mut self, depth: u32, file: impl AsRef<Path>) -> Self {
+        let file = file.as_ref().to_string_lossy().into_owned();
+        let key = format!("{}key-secret-file", "backing.".repeat(depth as usize));
+        self.options.push(&key, &file);
+        self
+    }
+
     /// `metadata-only=`: read-only only; open an encrypted image without
     /// its secret for its metadata (size, chain), as `qemu-img info`
     /// does. Reads of its data then fail with `EPERM` (the buffer zeroed).
