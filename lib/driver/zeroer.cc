@@ -209,6 +209,7 @@ absl::Status Zeroer::Zero(uint64_t offset, uint64_t len, bool free_clusters,
 absl::Status Zeroer::ZeroRange(uint64_t offset, uint64_t len,
                                bool free_clusters, IoPlan* plan) {
   const Geometry& g = s_->geometry();
+  uint64_t whole_clusters = 0;
   uint64_t pos = 0;
   while (pos < len) {
     const uint64_t cur = offset + pos;
@@ -223,6 +224,7 @@ absl::Status Zeroer::ZeroRange(uint64_t offset, uint64_t len,
     const bool whole =
         n == g.cluster_size || (in_cluster == 0 && cur + n == s_->header.size &&
                                 !cow_->has_backing());
+    if (whole) ++whole_clusters;
     absl::Status s;
     if (whole) {
       s = ZeroCluster(cluster, free_clusters, plan);
@@ -241,7 +243,7 @@ absl::Status Zeroer::ZeroRange(uint64_t offset, uint64_t len,
     if (!s.ok()) return header_writer_->Fail(std::move(s));
     pos += n;
   }
-  if (s_->data_file_raw() && len > 0) {
+  if (s_->data_file_raw() && len > 0 && !s_->encrypted) {
     // The data file stays a raw image of the disk: zeroed there too, as
     // QEMU does before it changes the entries. (Zero bytes planned above
     // for part of a cluster land in the same range: zeros either way.)
@@ -250,6 +252,19 @@ absl::Status Zeroer::ZeroRange(uint64_t offset, uint64_t len,
     op.offset = offset;
     op.bytes = len;
     op.zero_range = true;
+    plan->writes.push_back(std::move(op));
+  } else if (s_->data_file_raw() && whole_clusters > 0) {
+    // Encrypted: QEMU zeroes only the clusters it zero-flags, and stores
+    // plain zero bytes there (the entries say zero; nothing decrypts
+    // them). Part of a cluster keeps the encrypted zeros planned above.
+    const uint64_t first = AlignUp(offset, g.cluster_size);
+    IoOp op;
+    op.file = s_->data();
+    op.offset = first;
+    op.bytes = std::min(offset + len - first,
+                        uint64_t{whole_clusters} << g.cluster_bits);
+    op.zero_range = true;
+    op.plain = true;
     plan->writes.push_back(std::move(op));
   }
   return absl::OkStatus();

@@ -84,7 +84,7 @@ void IoPlan::CoalesceWrites() {
     if (!out.empty()) {
       IoOp& last = out.back();
       if (last.file == op.file && last.offset + last.bytes == op.offset &&
-          !last.zero_range && !op.zero_range &&
+          !last.zero_range && !op.zero_range && last.plain == op.plain &&
           last.iov.size() + op.iov.size() <= kMaxIov) {
         // Pieces that follow each other in memory too (consecutive
         // clusters of one guest buffer) become one iovec: one 4 MiB write
