@@ -2,7 +2,8 @@
 // Power cuts during writes to a qcow2 image with an external data file
 // (raw and not raw): allocating writes (guest cluster 0 too, whose data
 // sits at data file offset 0), copy-on-write inside new clusters, rewrites
-// in place, write-zeroes and flushes, run once to count the file
+// in place, write-zeroes, discard (and a write after it into a punched
+// cluster) and flushes, run once to count the file
 // operations of both files together, then again with the machine dying at
 // each operation in turn and the unflushed writes of both files dropped.
 // After each cut QEMU judges the durable pair:
@@ -38,12 +39,13 @@ using testing::CommandResult;
 constexpr uint64_t kDisk = 1 << 20;
 constexpr uint64_t kCs = 65536;
 
-// A write of `len` bytes from `seed` at `off`, write-zeroes (seed 0), or a
-// flush (len 0).
+// A write of `len` bytes from `seed` at `off`, write-zeroes (seed 0), a
+// discard, or a flush (len 0).
 struct Step {
   uint64_t off = 0;
   uint64_t len = 0;
   uint8_t seed = 0;
+  bool discard = false;
 };
 
 std::vector<uint8_t> Bytes(const Step& st) {
@@ -86,6 +88,12 @@ class CrashDataFileTest : public ::testing::TestWithParam<bool> {
               {},
               {3 * kCs, kCs, 0},          // write-zeroes over data
               {5 * kCs + 1024, 2048, 5},
+              {},
+              // Flushed clusters discarded (a not-raw data file's are
+              // punched out), then one of them written again at the same
+              // data file offset.
+              {0, 2 * kCs, 0, true},
+              {kCs + 512, 4096, 7},
               {},
               {8 * kCs, 2 * kCs, 6}};     // whole clusters, unflushed
     std::vector<uint8_t> disk(kDisk, 0);
@@ -133,6 +141,8 @@ class CrashDataFileTest : public ::testing::TestWithParam<bool> {
         if (st.len == 0) {
           s = (*img)->Flush();
           if (s.ok()) *flushed = i + 1;
+        } else if (st.discard) {
+          s = (*img)->Discard(st.off, st.len);
         } else if (st.seed == 0) {
           s = (*img)->WriteZeroes(st.off, st.len);
         } else {

@@ -228,7 +228,7 @@ TEST(LuksDataFileTest, WeWriteQemuReads) {
 // of a cluster, the same entries).
 TEST(LuksDataFileTest, SameStepsSameBytes) {
   SKIP_WITHOUT_QEMU();
-  for (bool raw : {true}) {
+  for (bool raw : {false, true}) {
     SCOPED_TRACE(Name(raw));
     TempDir a;
     Create(a.path(), raw);

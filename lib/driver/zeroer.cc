@@ -95,7 +95,33 @@ absl::Status Zeroer::ZeroCluster(uint64_t cluster, bool free_clusters,
   if (!keep && (host != 0 || (entry & kOflagCompressed))) {
     RETURN_IF_ERROR(writer_->ReleaseHost(entry, bitmap, guest));
   }
+  if (owned && !keep && s_->has_data_file() && !s_->data_file_raw()) {
+    PlanPunch(guest, plan);
+  }
   return absl::OkStatus();
+}
+
+void Zeroer::PlanPunch(uint64_t host, IoPlan* plan) const {
+  // Planned, so it runs while this request holds the cluster: a later
+  // write there (the same data-file offset, from any queue) waits for the
+  // request to end, the punch included. A power cut before the entry is
+  // written leaves it naming a hole: zeros, as the discard asked.
+  const uint64_t cs = s_->geometry().cluster_size;
+  if (!plan->writes.empty()) {
+    IoOp& last = plan->writes.back();
+    if (last.punch && last.file == s_->data() &&
+        last.offset + last.bytes == host) {
+      last.bytes += cs;
+      return;
+    }
+  }
+  IoOp op;
+  op.file = s_->data();
+  op.offset = host;
+  op.bytes = cs;
+  op.zero_range = true;
+  op.punch = true;
+  plan->writes.push_back(std::move(op));
 }
 
 absl::Status Zeroer::ZeroSubclusters(uint64_t cluster, uint64_t in_cluster,

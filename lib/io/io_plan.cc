@@ -20,7 +20,8 @@ void IoPlan::Free::operator()(uint8_t* p) const { std::free(p); }
 
 const DataCipher* CipherOf(const IoOp& op) {
   if (!AnyCipherAttached()) return nullptr;
-  if (op.category == IoCategory::kMetadata || op.plain || op.file == nullptr) {
+  if (op.category == IoCategory::kMetadata || op.plain || op.punch ||
+      op.file == nullptr) {
     return nullptr;
   }
   const auto* f = dynamic_cast<const AccountedFile*>(op.file);
@@ -281,7 +282,9 @@ absl::Status RunCipherOp(IoOp& op, bool write, const DataCipher& c) {
 absl::Status RunOp(IoOp& op, bool write) {
   if (const DataCipher* c = CipherOf(op)) return RunCipherOp(op, write, *c);
   absl::Status s;
-  if (op.zero_range) {
+  if (op.punch) {
+    s = op.file->Discard(op.offset, op.bytes);
+  } else if (op.zero_range) {
     s = op.file->WriteZeroes(op.offset, op.bytes);
   } else if (op.iov.size() == 1) {
     auto* base = static_cast<uint8_t*>(op.iov[0].iov_base);
