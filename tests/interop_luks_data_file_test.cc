@@ -225,7 +225,7 @@ TEST(LuksDataFileTest, WeWriteQemuReads) {
 // The same steps through qemu-io and through `qcowtool io`, each on a copy
 // of one image: both files end up byte for byte equal (the IVs, plain
 // zeros in the raw data file's zeroed clusters, encrypted zeros in part
-// of a cluster, the same entries).
+// of a cluster, the same entries; not raw, the image file only).
 TEST(LuksDataFileTest, SameStepsSameBytes) {
   SKIP_WITHOUT_QEMU();
   for (bool raw : {false, true}) {
@@ -244,7 +244,10 @@ TEST(LuksDataFileTest, SameStepsSameBytes) {
     ASSERT_EQ(r.exit_code, 0) << r.err;
     r = Io(b.path(), steps, /*ours=*/true);
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    for (const char* f : {"/x.qcow2", "/d.raw"}) {
+    // Not raw, QEMU punches the discarded cluster out of the data file;
+    // we keep its bytes (zeroer.cc: a power cut before the entry is
+    // written would leave it naming a hole, noise once decrypted).
+    for (const char* f : {"/x.qcow2", raw ? "/d.raw" : "/x.qcow2"}) {
       auto qa = ::qcow2::testing::ReadFileBytes(a.path() + f);
       auto qb = ::qcow2::testing::ReadFileBytes(b.path() + f);
       ASSERT_TRUE(qa.ok() && qb.ok());

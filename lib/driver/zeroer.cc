@@ -95,7 +95,11 @@ absl::Status Zeroer::ZeroCluster(uint64_t cluster, bool free_clusters,
   if (!keep && (host != 0 || (entry & kOflagCompressed))) {
     RETURN_IF_ERROR(writer_->ReleaseHost(entry, bitmap, guest));
   }
-  if (owned && !keep && s_->has_data_file() && !s_->data_file_raw()) {
+  if (owned && !keep && s_->has_data_file() && !s_->data_file_raw() &&
+      !s_->encrypted) {
+    // Not when encrypted: until the cleared entry is on disk, a power cut
+    // leaves the old one naming the hole, whose zeros decrypt to noise
+    // (QEMU punches all the same).
     PlanPunch(guest, plan);
   }
   return absl::OkStatus();
