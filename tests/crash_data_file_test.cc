@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Power cuts during writes to a qcow2 image with an external data file
-// (raw and not raw): allocating writes (guest cluster 0 too, whose data
+// (raw and not raw, and LUKS-encrypted with one that is not raw): allocating writes (guest cluster 0 too, whose data
 // sits at data file offset 0), copy-on-write inside new clusters, rewrites
-// in place, write-zeroes and flushes, run once to count the file
+// in place, write-zeroes, discard (and a write after it into a punched
+// cluster) and flushes, run once to count the file
 // operations of both files together, then again with the machine dying at
 // each operation in turn and the unflushed writes of both files dropped.
 // After each cut QEMU judges the durable pair:
@@ -41,12 +42,13 @@ using testing::CommandResult;
 constexpr uint64_t kDisk = 1 << 20;
 constexpr uint64_t kCs = 65536;
 
-// A write of `len` bytes from `seed` at `off`, write-zeroes (seed 0), or a
-// flush (len 0).
+// A write of `len` bytes from `seed` at `off`, write-zeroes (seed 0), a
+// discard, or a flush (len 0).
 struct Step {
   uint64_t off = 0;
   uint64_t len = 0;
   uint8_t seed = 0;
+  bool discard = false;
 };
 
 std::vector<uint8_t> Bytes(const Step& st) {
@@ -62,19 +64,37 @@ bool LongTests() {
   return v != nullptr && std::string(v) == "1";
 }
 
-class CrashDataFileTest : public ::testing::TestWithParam<bool> {
+// The variants: a raw data file or not, and LUKS-encrypted (not raw: a
+// raw one's unwritten clusters decrypt its zeros into noise).
+enum Variant { kNotRaw, kRaw, kLuksNotRaw };
+constexpr char kPass[] = "crash-data-pass";
+
+class CrashDataFileTest : public ::testing::TestWithParam<Variant> {
  protected:
   void SetUp() override {
     if (!testing::HaveQemu()) GTEST_SKIP() << "no qemu-img";
     // A raw data file is mapped whole from the start: its writes are in
     // place, the not-raw case's allocating ones cover more. Long runs only.
-    if (GetParam() && !LongTests()) GTEST_SKIP() << "QCOW2_LONG_TESTS=1";
-    // qemu-img makes the pair (a raw one mapped whole from the start).
-    std::string o = "data_file=img.data";
-    if (GetParam()) o += ",data_file_raw=on";
-    CommandResult r = InDir({"qemu-img", "create", "-q", "-f", "qcow2", "-o",
-                             o, "img.qcow2", absl::StrCat(kDisk)});
-    ASSERT_EQ(r.exit_code, 0) << r.err;
+    if (GetParam() == kRaw && !LongTests()) {
+      GTEST_SKIP() << "QCOW2_LONG_TESTS=1";
+    }
+    if (luks()) {
+      // Ours, PBKDF2 kept cheap; the data file named by its full path.
+      CreateOptions co;
+      co.size = kDisk;
+      co.data_file = dir_.File("img.data");
+      co.encrypt.format = "luks";
+      co.encrypt.key_secret = kPass;
+      co.encrypt.iterations = 1000;
+      ASSERT_OK(CreateImage(dir_.File("img.qcow2"), co));
+    } else {
+      // qemu-img makes the pair (a raw one mapped whole from the start).
+      std::string o = "data_file=img.data";
+      if (GetParam() == kRaw) o += ",data_file_raw=on";
+      CommandResult r = InDir({"qemu-img", "create", "-q", "-f", "qcow2",
+                               "-o", o, "img.qcow2", absl::StrCat(kDisk)});
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+    }
     for (const char* f : {"img.qcow2", "img.data"}) {
       ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> bytes,
                            testing::ReadFileBytes(dir_.File(f)));
@@ -89,6 +109,12 @@ class CrashDataFileTest : public ::testing::TestWithParam<bool> {
               {},
               {3 * kCs, kCs, 0},          // write-zeroes over data
               {5 * kCs + 1024, 2048, 5},
+              {},
+              // Flushed clusters discarded (a not-raw data file's are
+              // punched out), then one of them written again at the same
+              // data file offset.
+              {0, 2 * kCs, 0, true},
+              {kCs + 512, 4096, 7},
               {},
               {8 * kCs, 2 * kCs, 6}};     // whole clusters, unflushed
     std::vector<uint8_t> disk(kDisk, 0);
@@ -127,6 +153,7 @@ class CrashDataFileTest : public ::testing::TestWithParam<bool> {
       // The stored name is relative (QEMU opens it from its working
       // directory): named here on the simulated disks.
       oo.data_file = "/d/img.data";
+      if (luks()) oo.key_secret = kPass;
       auto img = Image::Open("/d/img.qcow2", oo);
       EXPECT_TRUE(img.ok()) << img.status();
       bool all_ok = img.ok();
@@ -136,6 +163,8 @@ class CrashDataFileTest : public ::testing::TestWithParam<bool> {
         if (st.len == 0) {
           s = (*img)->Flush();
           if (s.ok()) *flushed = i + 1;
+        } else if (st.discard) {
+          s = (*img)->Discard(st.off, st.len);
         } else if (st.seed == 0) {
           s = (*img)->WriteZeroes(st.off, st.len);
         } else {
@@ -159,7 +188,7 @@ class CrashDataFileTest : public ::testing::TestWithParam<bool> {
                                       disks_[0]->durable));
     ASSERT_OK(testing::WriteFileBytes(dir_.File("img.data"),
                                       disks_[1]->durable));
-    CommandResult check = InDir({"qemu-img", "check", "img.qcow2"});
+    CommandResult check = InDir(Qemu({"qemu-img", "check"}, {}));
     if (want_clean) {
       ASSERT_EQ(check.exit_code, 0) << check.out << check.err;
     } else {
@@ -169,7 +198,7 @@ class CrashDataFileTest : public ::testing::TestWithParam<bool> {
     }
     const std::string raw = dir_.File("cut.raw");
     CommandResult conv =
-        InDir({"qemu-img", "convert", "-O", "raw", "img.qcow2", raw});
+        InDir(Qemu({"qemu-img", "convert", "-O", "raw"}, {raw}));
     ASSERT_EQ(conv.exit_code, 0) << conv.err;
     ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> got,
                          testing::ReadFileBytes(raw));
@@ -191,6 +220,24 @@ class CrashDataFileTest : public ::testing::TestWithParam<bool> {
                       << " reads as no state at or after step " << flushed;
       }
     }
+  }
+
+  bool luks() const { return GetParam() == kLuksNotRaw; }
+
+  // `head`, the image (with its secret when encrypted), then `tail`.
+  std::vector<std::string> Qemu(std::vector<std::string> head,
+                                const std::vector<std::string>& tail) const {
+    if (luks()) {
+      for (const char* a :
+           {"--object", "secret,id=s0,data=crash-data-pass", "--image-opts",
+            "driver=qcow2,file.filename=img.qcow2,encrypt.key-secret=s0"}) {
+        head.push_back(a);
+      }
+    } else {
+      head.push_back("img.qcow2");
+    }
+    head.insert(head.end(), tail.begin(), tail.end());
+    return head;
   }
 
   // Runs `argv` from the test's directory, where the image's relative
@@ -242,13 +289,17 @@ TEST_P(CrashDataFileTest, PowerCutAtEveryStep) {
     }
   }
   printf("[power-cut] data file (%s): %llu file operations, %d cuts\n",
-         GetParam() ? "raw" : "not raw",
+         GetParam() == kRaw ? "raw" : luks() ? "luks, not raw" : "not raw",
          static_cast<unsigned long long>(total), cut_points);
 }
 
-INSTANTIATE_TEST_SUITE_P(Raw, CrashDataFileTest, ::testing::Bool(),
+INSTANTIATE_TEST_SUITE_P(Raw, CrashDataFileTest,
+                         ::testing::Values(kNotRaw, kRaw, kLuksNotRaw),
                          [](const auto& info) {
-                           return std::string(info.param ? "Raw" : "NotRaw");
+                           return std::string(info.param == kRaw ? "Raw"
+                                              : info.param == kNotRaw
+                                                  ? "NotRaw"
+                                                  : "LuksNotRaw");
                          });
 
 // Power cuts during `amend -o lazy_refcounts=on,data_file=moved.data`

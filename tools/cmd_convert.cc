@@ -484,7 +484,11 @@ int RunConvert(int argc, char** argv) {
     // is not looked at).
     copy.target_has_backing = args.no_create ? args.backing.has_value()
                                              : !top.backing_file.empty();
-    copy.zero_init = !args.no_create && top.backing_file.empty();
+    // An encrypted image's raw data file is mapped whole from creation
+    // and its zero bytes decrypt to noise, so nothing reads as zero
+    // before it is written (QEMU's qcow2_has_zero_init says no too).
+    copy.zero_init = !args.no_create && top.backing_file.empty() &&
+                     !(top.encrypted && top.data_file_raw);
     target = std::make_unique<ImageTarget>(std::move(out).value());
   }
   absl::Status s;

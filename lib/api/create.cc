@@ -50,10 +50,6 @@ absl::Status ValidateDataFile(const std::string& path, const CreateOptions& o) {
                    "Backing file and data-file-raw cannot be used at the "
                    "same time");
   }
-  if (!o.encrypt.format.empty()) {
-    return absl::UnimplementedError(absl::StrCat(
-        path, ": encryption with an external data file is not supported"));
-  }
   return absl::OkStatus();
 }
 

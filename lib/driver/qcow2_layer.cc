@@ -64,15 +64,11 @@ class UnopenedDataFile final : public File {
   const std::string name_;
 };
 
-// What QEMU 7.2 refuses beside an external data file: encryption (its
-// IVs and padding assume the image file holds the data), and internal
+// What QEMU 7.2 refuses beside an external data file: internal
 // snapshots (which would share data clusters that have no refcounts).
+// LUKS is allowed: the data clusters in the data file are encrypted with
+// the data file's offset as the IV's sector number (QEMU's host offset).
 absl::Status CheckDataFileFeatures(const Header& h, const std::string& name) {
-  if (h.crypt_method != 0) {
-    return absl::UnimplementedError(absl::StrCat(
-        name, ": encryption together with an external data file is not "
-        "supported"));
-  }
   if (h.nb_snapshots != 0) {
     return absl::UnimplementedError(absl::StrCat(
         name, ": internal snapshots in an image with an external data file "
@@ -175,8 +171,11 @@ absl::StatusOr<std::unique_ptr<Qcow2Layer>> Qcow2Layer::Open(
   if (h.crypt_method == kCryptLuks) {
     ASSIGN_OR_RETURN(luks, OpenLuks(file.get(), h, file_size, opts.key_secret,
                                     opts.metadata_only, name));
-    file = AccountedFile::Wrap(std::move(file));
-    auto* accounted = dynamic_cast<AccountedFile*>(file.get());
+    // The LUKS header stays in the image file; the cipher goes with the
+    // file that holds the data clusters.
+    if (data_file == nullptr) file = AccountedFile::Wrap(std::move(file));
+    auto* accounted = dynamic_cast<AccountedFile*>(
+        data_file != nullptr ? data_file.get() : file.get());
     if (accounted == nullptr) return absl::InternalError("no AccountedFile");
     accounted->set_cipher(luks.cipher());
   }

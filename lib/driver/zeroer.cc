@@ -95,7 +95,37 @@ absl::Status Zeroer::ZeroCluster(uint64_t cluster, bool free_clusters,
   if (!keep && (host != 0 || (entry & kOflagCompressed))) {
     RETURN_IF_ERROR(writer_->ReleaseHost(entry, bitmap, guest));
   }
+  if (owned && !keep && s_->has_data_file() && !s_->data_file_raw() &&
+      !s_->encrypted) {
+    // Not when encrypted: until the cleared entry is on disk, a power cut
+    // leaves the old one naming the hole, whose zeros decrypt to noise
+    // (QEMU punches all the same).
+    PlanPunch(guest, plan);
+  }
   return absl::OkStatus();
+}
+
+void Zeroer::PlanPunch(uint64_t host, IoPlan* plan) const {
+  // Planned, so it runs while this request holds the cluster: a later
+  // write there (the same data-file offset, from any queue) waits for the
+  // request to end, the punch included. A power cut before the entry is
+  // written leaves it naming a hole: zeros, as the discard asked.
+  const uint64_t cs = s_->geometry().cluster_size;
+  if (!plan->writes.empty()) {
+    IoOp& last = plan->writes.back();
+    if (last.punch && last.file == s_->data() &&
+        last.offset + last.bytes == host) {
+      last.bytes += cs;
+      return;
+    }
+  }
+  IoOp op;
+  op.file = s_->data();
+  op.offset = host;
+  op.bytes = cs;
+  op.zero_range = true;
+  op.punch = true;
+  plan->writes.push_back(std::move(op));
 }
 
 absl::Status Zeroer::ZeroSubclusters(uint64_t cluster, uint64_t in_cluster,
@@ -209,6 +239,7 @@ absl::Status Zeroer::Zero(uint64_t offset, uint64_t len, bool free_clusters,
 absl::Status Zeroer::ZeroRange(uint64_t offset, uint64_t len,
                                bool free_clusters, IoPlan* plan) {
   const Geometry& g = s_->geometry();
+  uint64_t whole_clusters = 0;
   uint64_t pos = 0;
   while (pos < len) {
     const uint64_t cur = offset + pos;
@@ -223,6 +254,7 @@ absl::Status Zeroer::ZeroRange(uint64_t offset, uint64_t len,
     const bool whole =
         n == g.cluster_size || (in_cluster == 0 && cur + n == s_->header.size &&
                                 !cow_->has_backing());
+    if (whole) ++whole_clusters;
     absl::Status s;
     if (whole) {
       s = ZeroCluster(cluster, free_clusters, plan);
@@ -241,7 +273,7 @@ absl::Status Zeroer::ZeroRange(uint64_t offset, uint64_t len,
     if (!s.ok()) return header_writer_->Fail(std::move(s));
     pos += n;
   }
-  if (s_->data_file_raw() && len > 0) {
+  if (s_->data_file_raw() && len > 0 && !s_->encrypted) {
     // The data file stays a raw image of the disk: zeroed there too, as
     // QEMU does before it changes the entries. (Zero bytes planned above
     // for part of a cluster land in the same range: zeros either way.)
@@ -250,6 +282,19 @@ absl::Status Zeroer::ZeroRange(uint64_t offset, uint64_t len,
     op.offset = offset;
     op.bytes = len;
     op.zero_range = true;
+    plan->writes.push_back(std::move(op));
+  } else if (s_->data_file_raw() && whole_clusters > 0) {
+    // Encrypted: QEMU zeroes only the clusters it zero-flags, and stores
+    // plain zero bytes there (the entries say zero; nothing decrypts
+    // them). Part of a cluster keeps the encrypted zeros planned above.
+    const uint64_t first = AlignUp(offset, g.cluster_size);
+    IoOp op;
+    op.file = s_->data();
+    op.offset = first;
+    op.bytes = std::min(offset + len - first,
+                        uint64_t{whole_clusters} << g.cluster_bits);
+    op.zero_range = true;
+    op.plain = true;
     plan->writes.push_back(std::move(op));
   }
   return absl::OkStatus();

@@ -73,6 +73,9 @@ class Zeroer {
   // subclusters, zero bytes around them.
   absl::Status ZeroSubclusters(uint64_t cluster, uint64_t in_cluster,
                                uint64_t len, IoPlan* plan);
+  // The data file's cluster at `host`, which nothing maps any more, let
+  // go (a hole punched) as QEMU lets it go, in the plan.
+  void PlanPunch(uint64_t host, IoPlan* plan) const;
   // Whether [offset, +len) of this layer reads as zeros from metadata
   // alone (zero, or unallocated with no backing file).
   absl::StatusOr<bool> ReadsAsZeroHere(uint64_t offset, uint64_t len);

@@ -20,7 +20,8 @@ void IoPlan::Free::operator()(uint8_t* p) const { std::free(p); }
 
 const DataCipher* CipherOf(const IoOp& op) {
   if (!AnyCipherAttached()) return nullptr;
-  if (op.category == IoCategory::kMetadata || op.plain || op.file == nullptr) {
+  if (op.category == IoCategory::kMetadata || op.plain || op.punch ||
+      op.file == nullptr) {
     return nullptr;
   }
   const auto* f = dynamic_cast<const AccountedFile*>(op.file);
@@ -84,7 +85,7 @@ void IoPlan::CoalesceWrites() {
     if (!out.empty()) {
       IoOp& last = out.back();
       if (last.file == op.file && last.offset + last.bytes == op.offset &&
-          !last.zero_range && !op.zero_range &&
+          !last.zero_range && !op.zero_range && last.plain == op.plain &&
           last.iov.size() + op.iov.size() <= kMaxIov) {
         // Pieces that follow each other in memory too (consecutive
         // clusters of one guest buffer) become one iovec: one 4 MiB write
@@ -281,7 +282,9 @@ absl::Status RunCipherOp(IoOp& op, bool write, const DataCipher& c) {
 absl::Status RunOp(IoOp& op, bool write) {
   if (const DataCipher* c = CipherOf(op)) return RunCipherOp(op, write, *c);
   absl::Status s;
-  if (op.zero_range) {
+  if (op.punch) {
+    s = op.file->Discard(op.offset, op.bytes);
+  } else if (op.zero_range) {
     s = op.file->WriteZeroes(op.offset, op.bytes);
   } else if (op.iov.size() == 1) {
     auto* base = static_cast<uint8_t*>(op.iov[0].iov_base);

@@ -40,6 +40,9 @@ struct IoOp {
   IoCategory category = IoCategory::kGuestData;
   // A write of `bytes` zeros with a zero-range call (no iovecs).
   bool zero_range = false;
+  // With zero_range: the range is let go instead (File::Discard, a hole
+  // punched with the file's size kept), for bytes nothing maps any more.
+  bool punch = false;
   // Bytes stored as they are even in an encrypted file, never through its
   // cipher (data_cipher.h): compressed clusters, which QEMU 7.2 writes
   // unencrypted into LUKS images (qemu-io write -c does).

@@ -108,8 +108,11 @@ bool Ring::Prep(IoOp* op) {
   if (op->type == kOpFlush) {
     io_uring_prep_fsync(sqe, op->fd, IORING_FSYNC_DATASYNC);
   } else if (op->zero_range) {
-    io_uring_prep_fallocate(sqe, op->fd, FALLOC_FL_ZERO_RANGE, op->offset,
-                            op->bytes);
+    io_uring_prep_fallocate(
+        sqe, op->fd,
+        op->punch ? FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
+                  : FALLOC_FL_ZERO_RANGE,
+        op->offset, op->bytes);
   } else {
     const iovec* iov = op->iov.data();
     size_t n = op->iov.size();
