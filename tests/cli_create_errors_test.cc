@@ -35,7 +35,7 @@ TEST(CreateErrorsTest, TooLargeLeavesNoFile) {
   TempDir dir;
   const std::string path = dir.File("x.qcow2");
   CommandResult r = Qcowtool({"create", "-q", path, "1000000T"});
-  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("too large for cluster size"));
   EXPECT_FALSE(std::filesystem::exists(path)) << "a failed create left "
                                               << path;
@@ -66,7 +66,7 @@ TEST(CreateErrorsTest, ExistingFileIsKeptWhenTheCreateCannotWork) {
   const std::string path = dir.File("keep.qcow2");
   ASSERT_OK(testing::WriteFileBytes(path, std::vector<uint8_t>(4096, 7)));
   CommandResult r = Qcowtool({"create", "-q", path, "1000000T"});
-  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.exit_code, 1);
   ASSERT_OK_AND_ASSIGN(auto bytes, testing::ReadFileBytes(path));
   EXPECT_EQ(bytes, std::vector<uint8_t>(4096, 7));
   // The library never replaces a file.
@@ -83,7 +83,7 @@ TEST(CreateErrorsTest, DirectoryIsNamedAsSuch) {
   const std::string sub = dir.File("sub");
   ASSERT_EQ(::mkdir(sub.c_str(), 0755), 0);
   CommandResult r = Qcowtool({"create", "-q", sub, "1M"});
-  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr(sub + ": is a directory"));
   EXPECT_TRUE(std::filesystem::is_directory(sub));
   CreateOptions o;
@@ -104,7 +104,7 @@ TEST(CreateErrorsTest, ImageHeldByQemuIsNotReplaced) {
     o.read_write = true;
     ASSERT_OK_AND_ASSIGN(auto img, Image::Open(path, o));
     CommandResult r = Qcowtool({"create", "-q", path, "2M"});
-    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_EQ(r.exit_code, 1);
     EXPECT_THAT(r.err, HasSubstr("locked by another process"));
   }
   CommandResult read =

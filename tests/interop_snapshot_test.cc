@@ -262,12 +262,12 @@ TEST_P(InteropSnapshotTest, ApplyAcrossResize) {
 
 TEST_P(InteropSnapshotTest, ErrorsNameImageAndSnapshot) {
   CommandResult r = Qcowtool({"snapshot", "-a", "nope", ours_});
-  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("Could not apply snapshot 'nope'"), std::string::npos)
       << r.err;
   EXPECT_NE(r.err.find(ours_), std::string::npos) << r.err;
   r = Qcowtool({"snapshot", "-d", "nope", ours_});
-  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("Could not delete snapshot 'nope': snapshot not found"),
             std::string::npos)
       << r.err;
@@ -297,7 +297,7 @@ TEST_P(InteropSnapshotTest, ErrorsNameImageAndSnapshot) {
     EXPECT_RUNS(QemuImg({"snapshot", "-c", "before-bitmap", ours_}));
     EXPECT_RUNS(QemuImg({"bitmap", "--add", "--disable", ours_, "b0"}));
     r = Qcowtool({"snapshot", "-a", "before-bitmap", ours_});
-    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_EQ(r.exit_code, 1);
     EXPECT_NE(r.err.find("persistent bitmaps"), std::string::npos) << r.err;
     EXPECT_NE(QemuImg({"snapshot", "-a", "before-bitmap", ours_}).exit_code, 0);
   }
@@ -332,7 +332,7 @@ TEST_P(InteropSnapshotTest, MalformedSnapshotsAreRefusedUntouched) {
     ASSERT_OK(testing::WriteFileBytes(ours_, bad));
     for (const char* flag : {"-a", "-d"}) {
       CommandResult r = Qcowtool({"snapshot", flag, "s1", ours_});
-      EXPECT_EQ(r.exit_code, 2) << r.err;
+      EXPECT_EQ(r.exit_code, 1) << r.err;
       EXPECT_NE(r.err.find("snapshot 's1' (id 1)"), std::string::npos) << r.err;
       EXPECT_NE(r.err.find(c.says), std::string::npos) << r.err;
       ASSERT_OK_AND_ASSIGN(auto after, testing::ReadFileBytes(ours_));
@@ -344,7 +344,7 @@ TEST_P(InteropSnapshotTest, MalformedSnapshotsAreRefusedUntouched) {
   internal::StoreBE32(&bad[table + 36], 5000);
   ASSERT_OK(testing::WriteFileBytes(ours_, bad));
   CommandResult r = Qcowtool({"snapshot", "-l", ours_});
-  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find(ours_), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("snapshot table"), std::string::npos) << r.err;
 }

@@ -107,6 +107,11 @@ int ReportError(const absl::Status& status) {
   return kExitImageError;
 }
 
+int ReportQemuImgError(const absl::Status& status) {
+  ReportError(status);
+  return kExitFailure;
+}
+
 int ReportFailure(TextArg message) {
   const std::string_view m = message.view();
   std::fprintf(stderr, "qcowtool: %.*s\n", static_cast<int>(m.size()),

@@ -28,11 +28,24 @@ namespace qcow2::tool {
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitUsage = 1;
 inline constexpr int kExitImageError = 2;
+// qemu-img's status for any error, usage or image.
+inline constexpr int kExitFailure = 1;
 
-// The lines every command's usage ends with.
+// The lines the usage of io, serve and bench (verbs of our own) ends with.
 inline constexpr char kExitStatusHelp[] =
     "Exit status: 0 on success, 1 for wrong arguments, 2 when the image\n"
     "cannot be opened, read or written.\n";
+
+// The same for the verbs that are qemu-img's (info, map, convert, create,
+// snapshot): its status, 1 for every error.
+inline constexpr char kQemuImgExitStatusHelp[] =
+    "Exit status (qemu-img's): 0 on success, 1 on any error.\n";
+
+// The top-level usage's.
+inline constexpr char kToolExitStatusHelp[] =
+    "Exit status: 0 on success; 1 on any error in qemu-img's verbs, and for\n"
+    "wrong arguments; io, serve and bench exit 2 when the image cannot be\n"
+    "opened, read or written (each verb's --help has its own).\n";
 
 // A read-only string argument: accepts std::string, std::string_view,
 // C strings and absl::string_view alike (Debian's Abseil has its own
@@ -55,6 +68,10 @@ int UsageError(TextArg usage, TextArg message);
 
 // Prints "qcowtool: <status message>" to stderr. Returns kExitImageError.
 int ReportError(const absl::Status& status);
+
+// Prints as ReportError does. Returns kExitFailure: the status qemu-img
+// gives when an image cannot be opened, read or written.
+int ReportQemuImgError(const absl::Status& status);
 
 // Prints "qcowtool: <message>" to stderr. Returns 1: the status of the
 // commands that, like qemu-img resize and measure, exit 1 on any error.

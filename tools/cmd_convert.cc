@@ -75,7 +75,7 @@ constexpr char kHelpTail[] =
 
 std::string Usage() {
   return std::string(kUsage) + kForceShareHelp + kBackingRootHelp +
-         kHelpTail + kExitStatusHelp;
+         kHelpTail + kQemuImgExitStatusHelp;
 }
 
 constexpr uint64_t kMaxSparse = 16 << 20;  // qemu-img's limit for -S
@@ -371,7 +371,7 @@ int CreateQcow2(const ConvertArgs& a, uint64_t size, CreateRequest* req) {
     oo.open_backing = false;
     auto b = Image::Open(QemuPathCombine(a.dest, o.backing_file), oo);
     if (!b.ok()) {
-      return ReportError(absl::Status(
+      return ReportQemuImgError(absl::Status(
           b.status().code(), absl::StrCat("Could not open backing file: ",
                                           b.status().message())));
     }
@@ -381,16 +381,16 @@ int CreateQcow2(const ConvertArgs& a, uint64_t size, CreateRequest* req) {
   struct stat st;
   if (lstat(a.dest.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
       unlink(a.dest.c_str()) != 0) {
-    return ReportError(
+    return ReportQemuImgError(
         Errno(errno, absl::StrCat("cannot replace ", a.dest)));
   }
   if (auto s = ResolveCreateSecret(a.policy.secrets, req); !s.ok()) {
-    return ReportError(s);
+    return ReportQemuImgError(s);
   }
   if (!o.encrypt.format.empty() && a.compress) {
     return ReportFailure("Compression and encryption not supported at the same time");
   }
-  if (auto s = CreateImage(a.dest, o); !s.ok()) return ReportError(s);
+  if (auto s = CreateImage(a.dest, o); !s.ok()) return ReportQemuImgError(s);
   return -1;
 }
 
@@ -433,7 +433,7 @@ int RunConvert(int argc, char** argv) {
   }
   if (int rc = CheckCombination(args); rc >= 0) return rc;
   if (auto s = args.policy.ResolveImage(&args.source, &args.format); !s.ok()) {
-    return ReportError(s);
+    return ReportQemuImgError(s);
   }
 
   OpenOptions opts;
@@ -450,12 +450,12 @@ int RunConvert(int argc, char** argv) {
   }
   args.policy.ApplyTo(&opts);
   auto image = Image::Open(args.source, opts);
-  if (!image.ok()) return ReportError(image.status());
+  if (!image.ok()) return ReportQemuImgError(image.status());
   Image& source = **image;
   const std::vector<std::string> names =
       QemuChainNames(args.source, source.GetChainInfo());
   if (auto s = CheckNotInChain(args.dest, names); !s.ok()) {
-    return ReportError(s);
+    return ReportQemuImgError(s);
   }
 
   CopyOptions copy;
@@ -466,7 +466,7 @@ int RunConvert(int argc, char** argv) {
   std::unique_ptr<ConvertTarget> target;
   if (args.out_format == "raw") {
     auto raw = OpenRawTarget(args, source.size(), &copy.zero_init);
-    if (!raw.ok()) return ReportError(raw.status());
+    if (!raw.ok()) return ReportQemuImgError(raw.status());
     target = std::move(raw).value();
   } else {
     CreateRequest req;
@@ -475,8 +475,10 @@ int RunConvert(int argc, char** argv) {
     }
     to.key_secret = req.opts.encrypt.key_secret;
     auto out = Image::Open(args.dest, to);
-    if (!out.ok()) return ReportError(out.status());
-    if ((*out)->size() < source.size()) return ReportError(OutputSmaller());
+    if (!out.ok()) return ReportQemuImgError(out.status());
+    if ((*out)->size() < source.size()) {
+      return ReportQemuImgError(OutputSmaller());
+    }
     const LayerInfo top = (*out)->GetChainInfo()[0];
     copy.cluster_size = top.cluster_size;
     copy.compression_type = top.compression_type;
@@ -497,7 +499,7 @@ int RunConvert(int argc, char** argv) {
     copy.progress = [&progress](float p) { progress.Advance(p); };
     s = CopyImage(source, *target, copy);
   }
-  if (!s.ok()) return ReportError(s);
+  if (!s.ok()) return ReportQemuImgError(s);
   return kExitOk;
 }
 

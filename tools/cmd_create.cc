@@ -61,7 +61,9 @@ constexpr char kUsage[] =
     "backing file's size is used, or a block device's size.\n"
     "\n";
 
-std::string DefaultUsage() { return std::string(kUsage) + kExitStatusHelp; }
+std::string DefaultUsage() {
+  return std::string(kUsage) + kQemuImgExitStatusHelp;
+}
 
 // Opens the backing file (unless -u) to learn its size and, when not
 // given, its format.
@@ -285,21 +287,23 @@ int RunCreateWithUsage(int argc, char** argv, const std::string& usage) {
   }
   CreateRequest req;
   if (int rc = BuildRequest(args, usage, &req); rc >= 0) return rc;
-  if (auto s = InspectBacking(&req); !s.ok()) return ReportError(s);
+  if (auto s = InspectBacking(&req); !s.ok()) return ReportQemuImgError(s);
 
   if (!req.quiet) {
     std::printf("%s\n", FormattingLine(req).c_str());
     std::fflush(stdout);
   }
-  if (auto s = CheckSizeFits(req); !s.ok()) return ReportError(s);
-  if (auto s = RemoveExisting(req); !s.ok()) return ReportError(s);
+  if (auto s = CheckSizeFits(req); !s.ok()) return ReportQemuImgError(s);
+  if (auto s = RemoveExisting(req); !s.ok()) return ReportQemuImgError(s);
   // 0 would mean "the backing file's size" to CreateImage; with a backing
   // file the size is known by now (or given, with -u).
   req.opts.size = req.size.value_or(0);
   if (auto s = ResolveCreateSecret(args.policy.secrets, &req); !s.ok()) {
-    return ReportError(s);
+    return ReportQemuImgError(s);
   }
-  if (auto s = CreateImage(req.file, req.opts); !s.ok()) return ReportError(s);
+  if (auto s = CreateImage(req.file, req.opts); !s.ok()) {
+    return ReportQemuImgError(s);
+  }
   return kExitOk;
 }
 

@@ -36,7 +36,7 @@ constexpr char kHelpTail[] =
 
 std::string Usage() {
   return std::string(kUsage) + kForceShareHelp + kBackingRootHelp +
-         kHelpTail + kExitStatusHelp;
+         kHelpTail + kQemuImgExitStatusHelp;
 }
 
 struct InfoArgs {
@@ -79,7 +79,7 @@ int RunInfo(int argc, char** argv) {
   InfoArgs args;
   if (int rc = ParseArgs(argc, argv, &args); rc >= 0) return rc;
   if (auto s = args.policy.ResolveImage(&args.image, &args.format); !s.ok()) {
-    return ReportError(s);
+    return ReportQemuImgError(s);
   }
   if (auto s = RefuseBackingOptions(args.policy); !s.ok()) {
     return ReportFailure(s.message());  // a wrong argument: exit 1
@@ -96,7 +96,7 @@ int RunInfo(int argc, char** argv) {
   opts.metadata_only = true;
   opts.key_secret.clear();
   auto image = Image::Open(args.image, opts);
-  if (!image.ok()) return ReportError(image.status());
+  if (!image.ok()) return ReportQemuImgError(image.status());
   std::vector<LayerInfo> chain = (*image)->GetChainInfo();
   if (!args.backing_chain) chain.resize(1);
   const std::vector<std::string> names = QemuChainNames(args.image, chain);
@@ -133,7 +133,7 @@ int RunInfo(int argc, char** argv) {
   }
   if (std::fwrite(out.data(), 1, out.size(), stdout) != out.size() ||
       std::fflush(stdout) != 0) {
-    return ReportError(absl::InternalError("cannot write to stdout"));
+    return ReportQemuImgError(absl::InternalError("cannot write to stdout"));
   }
   return kExitOk;
 }

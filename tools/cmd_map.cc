@@ -52,7 +52,7 @@ struct MapArgs {
 
 std::string Usage() {
   return std::string(kUsage) + kForceShareHelp + kBackingRootHelp +
-         kHelpTail + kExitStatusHelp;
+         kHelpTail + kQemuImgExitStatusHelp;
 }
 
 // Returns -1 when parsed, else the exit status to return.
@@ -120,14 +120,14 @@ int RunMap(int argc, char** argv) {
   MapArgs args;
   if (int rc = ParseArgs(argc, argv, &args); rc >= 0) return rc;
   if (auto s = args.policy.ResolveImage(&args.image, &args.format); !s.ok()) {
-    return ReportError(s);
+    return ReportQemuImgError(s);
   }
 
   OpenOptions opts;
   opts.format = args.format;
   args.policy.ApplyTo(&opts);
   auto image = Image::Open(args.image, opts);
-  if (!image.ok()) return ReportError(image.status());
+  if (!image.ok()) return ReportQemuImgError(image.status());
   const std::vector<LayerInfo> chain = (*image)->GetChainInfo();
   const std::vector<std::string> images = QemuChainNames(args.image, chain);
   std::vector<std::string> names = images;
@@ -156,21 +156,21 @@ int RunMap(int argc, char** argv) {
     absl::StatusOr<MapEntry> next = walker.Get(offset, length - offset);
     if (!next.ok()) {
       std::fflush(stdout);
-      return ReportError(next.status());
+      return ReportQemuImgError(next.status());
     }
     if (Mergeable(cur, *next)) {
       cur.length += next->length;
       continue;
     }
     if (cur.length > 0 && !DumpEntry(args.output, cur, &*next, names)) {
-      return kExitImageError;
+      return kExitFailure;
     }
     cur = *next;
   }
-  if (!DumpEntry(args.output, cur, nullptr, names)) return kExitImageError;
+  if (!DumpEntry(args.output, cur, nullptr, names)) return kExitFailure;
   if (args.output == OutputFormat::kJson) std::puts("]");
   if (std::fflush(stdout) != 0) {
-    return ReportError(absl::InternalError("cannot write to stdout"));
+    return ReportQemuImgError(absl::InternalError("cannot write to stdout"));
   }
   return kExitOk;
 }

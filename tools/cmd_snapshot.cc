@@ -75,7 +75,7 @@ constexpr char kUsage[] =
     "\n";
 
 std::string Usage() {
-  return std::string(kUsage) + kSecretHelp + kExitStatusHelp;
+  return std::string(kUsage) + kSecretHelp + kQemuImgExitStatusHelp;
 }
 
 struct SnapshotArgs {
@@ -145,7 +145,7 @@ int ParseArgs(int argc, char** argv, SnapshotArgs* args) {
     args->image = rest[0];
     if (absl::Status s = args->policy.ResolveImage(&args->image, &args->format);
         !s.ok()) {
-      return ReportError(s);
+      return ReportQemuImgError(s);
     }
     return -1;
   }
@@ -219,9 +219,9 @@ int RunInternal(const SnapshotArgs& args) {
   opts.read_write = args.action != 'l';
   args.policy.ApplyTo(&opts);
   auto image = Image::Open(args.image, opts);
-  if (!image.ok()) return ReportError(image.status());
+  if (!image.ok()) return ReportQemuImgError(image.status());
   auto failed = [&](const char* verb, const absl::Status& s) {
-    return ReportError(
+    return ReportQemuImgError(
         absl::Status(s.code(), absl::StrCat("Could not ", verb, " snapshot '",
                                             args.name, "': ", s.message())));
   };
@@ -229,7 +229,7 @@ int RunInternal(const SnapshotArgs& args) {
   switch (args.action) {
     case 'l': {
       auto list = (*image)->ListSnapshots();
-      if (!list.ok()) return ReportError(list.status());
+      if (!list.ok()) return ReportQemuImgError(list.status());
       const std::string text = SnapshotListText(*list);
       std::fwrite(text.data(), 1, text.size(), stdout);
       break;
@@ -265,8 +265,8 @@ int RunInternal(const SnapshotArgs& args) {
     }
   }
   st = (*image)->Close();
-  if (!st.ok()) return ReportError(st);
-  return std::fflush(stdout) == 0 ? kExitOk : kExitImageError;
+  if (!st.ok()) return ReportQemuImgError(st);
+  return std::fflush(stdout) == 0 ? kExitOk : kExitFailure;
 }
 
 }  // namespace
@@ -295,11 +295,11 @@ int RunSnapshot(int argc, char** argv) {
 
   struct stat st;
   if (lstat(args.overlay.c_str(), &st) == 0) {
-    return ReportError(absl::AlreadyExistsError(absl::StrCat(
+    return ReportQemuImgError(absl::AlreadyExistsError(absl::StrCat(
         args.overlay, " already exists (snapshot never overwrites a file)")));
   }
   auto backing = BackingName(args.image, args.overlay);
-  if (!backing.ok()) return ReportError(backing.status());
+  if (!backing.ok()) return ReportQemuImgError(backing.status());
 
   create.push_back("-b");
   create.push_back(*backing);

@@ -59,7 +59,7 @@ std::string Usage() {
     u += line;
   }
   u += "\n'qcowtool COMMAND --help' describes a command's options.\n";
-  u += kExitStatusHelp;
+  u += kToolExitStatusHelp;
   return u;
 }
 

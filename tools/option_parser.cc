@@ -124,8 +124,8 @@ OptionParser& OptionParser::Policy(OpenPolicy* out) {
 
 OptionParser& OptionParser::Secrets(OpenPolicy* out) {
   Add("object", 0, Arg::kRequired, [out](const char* v) {
-    if (absl::Status s = out->AddObject(v); !s.ok()) return ReportError(s);
-    return kGoOn;
+    absl::Status s = out->AddObject(v);
+    return s.ok() ? kGoOn : ReportQemuImgError(s);
   });
   return Flag("image-opts", 0, &out->image_opts);
 }
