@@ -402,7 +402,7 @@ class Corpus:
             block.setdefault("names", image)
         rw.setdefault("modifies", "no")
         if ro["open"] == "error":
-            default_info = [2]
+            default_info = [1]  # qemu-img's status
         else:
             default_info = [0]
         self.cases.append({
@@ -830,7 +830,7 @@ class Corpus:
                    "code": "DATA_LOSS", "names": "b.qcow2"}
             self.add("backing_loop_pair", "a.qcow2 -> b.qcow2 -> a.qcow2",
                      "refused", err, dict(err), image="a.qcow2", info_exit=[0],
-                     info_chain_exit=[2], check_exit=[0])
+                     info_chain_exit=[1], check_exit=[0])
 
         if self.want("backing_loop_symlink"):
             d = self.case_dir("backing_loop_symlink")

@@ -408,7 +408,7 @@ void RunCase(const json::Value& c, const TempDir& dir) {
     ExpectToolExit(chain, c["info_chain_exit"],
                    where + ": qcowtool info --backing-chain");
     for (const CommandResult* r : {&info, &chain}) {
-      if (r->exit_code == 2 && ro["open"].as_string() == "error") {
+      if (r->exit_code == 1 && ro["open"].as_string() == "error") {
         EXPECT_THAT(r->err, HasSubstr(ro["message"].as_string())) << where;
         EXPECT_THAT(r->err, HasSubstr(ro["names"].as_string())) << where;
       }

@@ -126,7 +126,8 @@ TEST(BackingRootFlagTest, RefusesBackingFilesOutsideTheRoot) {
         {tool, "convert", root, image, dir.File("out.raw")},
         {tool, "io", "-r", root, image, "-c", "read 0 4k"}}) {
     testing::CommandResult r = testing::Run(argv);
-    EXPECT_EQ(r.exit_code, 2) << argv[1];
+    // qemu-img's verbs exit 1; io, a verb of our own, 2.
+    EXPECT_EQ(r.exit_code, argv[1] == "io" ? 2 : 1) << argv[1];
     EXPECT_THAT(r.err, HasSubstr("outside the allowed directory")) << argv[1];
   }
   // Without the flag the same chain opens.
