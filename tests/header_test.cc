@@ -23,6 +23,7 @@ namespace {
 
 using ::qcow2::testing::CommandResult;
 using ::qcow2::testing::ReadFileBytes;
+using ::qcow2::testing::RetryQemuKeyTiming;
 using ::qcow2::testing::Run;
 using ::qcow2::testing::TempDir;
 using ::qcow2::testing::WriteFileBytes;
@@ -1163,19 +1164,9 @@ absl::StatusOr<std::vector<uint8_t>> Cluster0(const std::string& path) {
 void QemuImg(const std::vector<std::string>& args) {
   std::vector<std::string> argv = {"qemu-img"};
   argv.insert(argv.end(), args.begin(), args.end());
-  CommandResult r = Run(argv);
-  // Creating a LUKS image times a PBKDF2 run on a new thread's CPU clock,
-  // and Debian 12's QEMU gives up ("Unable to get accurate CPU usage") when
-  // its first, short run reads 0 ms: the clock only moves at a scheduler
-  // tick. That is QEMU's measurement, not the image (fixed upstream in
-  // 2025, by scaling up before giving up): callers pick a slow hash so the
-  // first run spans ticks, and a failure is tried again.
-  for (int i = 0; i < 9 && r.exit_code != 0 &&
-                  r.err.find("Unable to get accurate CPU usage") !=
-                      std::string::npos;
-       ++i) {
-    r = Run(argv);
-  }
+  // Callers making LUKS images pick a slow hash so QEMU's first PBKDF2
+  // timing run spans scheduler ticks; a failed timing is tried again.
+  CommandResult r = RetryQemuKeyTiming([&] { return Run(argv); });
   ASSERT_EQ(r.exit_code, 0) << "qemu-img " << args[0] << ": " << r.err;
 }
 

@@ -63,7 +63,9 @@ CommandResult Amend(bool ours, const std::string& path, const std::string& o,
                     std::vector<std::string> extra = {}) {
   std::vector<std::string> args = {"--image-opts", Opts(path, id), "-o", o};
   args.insert(args.end(), extra.begin(), extra.end());
-  return Cmd(ours ? testing::QcowtoolPath() : "qemu-img", "amend", args);
+  if (ours) return Cmd(testing::QcowtoolPath(), "amend", args);
+  return testing::RetryQemuKeyTiming(
+      [&] { return Cmd("qemu-img", "amend", args); });
 }
 
 // Whether qemu-io opens `path` with "pass<n>" and reads our data.

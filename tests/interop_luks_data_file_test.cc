@@ -142,18 +142,14 @@ TEST(LuksDataFileTest, QemuWritesWeRead) {
     SCOPED_TRACE(Name(raw));
     TempDir dir;
     if (raw && LongTests()) {
-      CommandResult r;
-      for (int attempt = 0; attempt < 5; ++attempt) {
-        // qemu-img's PBKDF2 measurement fails now and then on a loaded
-        // machine: tried again.
-        r = RunIn(dir.path(),
-                  {"qemu-img", "create", "-q", "-f", "qcow2", "--object",
-                   Obj(), "-o",
-                   "encrypt.format=luks,encrypt.key-secret=s0,"
-                   "encrypt.iter-time=10,data_file=d.raw,data_file_raw=on",
-                   "x.qcow2", absl::StrCat(kSize)});
-        if (r.err.find("accurate CPU usage") == std::string::npos) break;
-      }
+      CommandResult r = ::qcow2::testing::RetryQemuKeyTiming([&] {
+        return RunIn(dir.path(),
+                     {"qemu-img", "create", "-q", "-f", "qcow2", "--object",
+                      Obj(), "-o",
+                      "encrypt.format=luks,encrypt.key-secret=s0,"
+                      "encrypt.iter-time=10,data_file=d.raw,data_file_raw=on",
+                      "x.qcow2", absl::StrCat(kSize)});
+      });
       ASSERT_EQ(r.exit_code, 0) << r.err;
     } else {
       Create(dir.path(), raw);

@@ -223,14 +223,7 @@ void QemuWritesWeRead(const Combo& c, bool qemu_creates) {
     std::vector<std::string> argv = EncryptCreateArgs(c);
     argv.push_back(path);
     argv.push_back(absl::StrCat(kSize));
-    // qemu-img's PBKDF2 measurement fails now and then on a loaded
-    // machine ("Unable to get accurate CPU usage"): tried again.
-    for (int attempt = 0; attempt < 5; ++attempt) {
-      r = Qemu(argv);
-      if (r.err.find("Unable to get accurate CPU usage") == std::string::npos) {
-        break;
-      }
-    }
+    r = testing::RetryQemuKeyTiming([&] { return Qemu(argv); });
     ASSERT_EQ(r.exit_code, 0) << r.err;
   } else {
     ASSERT_TRUE(CreateImage(path, OurCreate(c)).ok());
@@ -512,11 +505,7 @@ TEST(LuksIoTest, InfoWithoutSecretAsQemuImg) {
   std::vector<std::string> argv = EncryptCreateArgs(QuickCombos()[0]);
   argv.push_back(theirs);
   argv.push_back("1M");
-  CommandResult r;
-  for (int attempt = 0; attempt < 5; ++attempt) {  // see QemuWritesWeRead
-    r = Qemu(argv);
-    if (r.err.find("Unable to get accurate CPU usage") == std::string::npos) break;
-  }
+  CommandResult r = testing::RetryQemuKeyTiming([&] { return Qemu(argv); });
   ASSERT_EQ(r.exit_code, 0) << r.err;
   images.push_back(theirs);
   for (int i : {1, 3}) {

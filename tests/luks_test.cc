@@ -38,6 +38,7 @@ namespace {
 
 using ::qcow2::testing::CommandResult;
 using ::qcow2::testing::ReadFileBytes;
+using ::qcow2::testing::RetryQemuKeyTiming;
 using ::qcow2::testing::Run;
 using ::qcow2::testing::TempDir;
 using ::qcow2::testing::WriteFileBytes;
@@ -532,13 +533,7 @@ void RunQemuCreated(const Combo& c, bool check_wrong_secret) {
       ",encrypt.hash-alg=", c.hash,
       ",encrypt.iter-time=10");
   for (auto a : {"-f", "qcow2", "-o", o.c_str(), path.c_str(), "1M"}) argv.push_back(a);
-  CommandResult r;
-  // QEMU's PBKDF2 timing fails now and then on a loaded machine ("Unable
-  // to get accurate CPU usage"): try again.
-  for (int i = 0; i < 3; ++i) {
-    r = Run(argv);
-    if (r.exit_code == 0 || r.err.find("accurate CPU") == std::string::npos) break;
-  }
+  CommandResult r = RetryQemuKeyTiming([&] { return Run(argv); });
   ASSERT_EQ(r.exit_code, 0) << r.err;
   if (check_wrong_secret) {
     ASSERT_OK_AND_ASSIGN(auto before, ReadFileBytes(path));

@@ -89,6 +89,17 @@ CommandResult Run(const std::vector<std::string>& argv) {
   return r;
 }
 
+CommandResult RetryQemuKeyTiming(const std::function<CommandResult()>& run) {
+  CommandResult r = run();
+  for (int i = 1; i < 9 && r.exit_code != 0 &&
+                  r.err.find("Unable to get accurate CPU usage") !=
+                      std::string::npos;
+       ++i) {
+    r = run();
+  }
+  return r;
+}
+
 CommandResult RunShell(const std::string& command) {
   return Run({"/bin/sh", "-c", command});
 }

@@ -5,6 +5,7 @@
 #define QCOW2_TESTS_UTIL_TEST_UTIL_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,14 @@ CommandResult Run(const std::vector<std::string>& argv);
 
 // Runs through /bin/sh -c (for pipelines in tests that need them).
 CommandResult RunShell(const std::string& command);
+
+// Runs `run`, a QEMU command that makes a LUKS key slot (qemu-img create or
+// amend), until it succeeds or fails for another reason (9 tries at most).
+// Debian 12's QEMU times PBKDF2 on the thread's CPU clock and gives up
+// ("Unable to get accurate CPU usage") when its short first run reads 0 ms,
+// as the clock only moves at a scheduler tick: QEMU's measurement, not the
+// image (fixed upstream in 2025).
+CommandResult RetryQemuKeyTiming(const std::function<CommandResult()>& run);
 
 // True when qemu-img and qemu-io are on PATH.
 bool HaveQemu();
