@@ -77,6 +77,64 @@ TEST(IoPlan, CoalescedWritesJoinBuffersThatFollowInMemory) {
   EXPECT_EQ(op.iov[1].iov_base, other.data());
 }
 
+// A MemoryFile that asks for O_DIRECT alignment, as a file opened with
+// cache=none does.
+class AlignedMemoryFile : public MemoryFile {
+ public:
+  using MemoryFile::MemoryFile;
+  uint32_t alignment() const override { return 4096; }
+};
+
+// Writes of 64 KiB clusters from one guest buffer, one after the other.
+void ClusterWrites(File* file, const std::vector<uint8_t>& guest,
+                   bool first_fill, IoPlan* plan) {
+  for (size_t i = 0; i < guest.size() / 65536; ++i) {
+    internal::IoOp op;
+    op.file = file;
+    op.offset = 0x50000 + i * 65536;
+    op.first_fill = first_fill;
+    op.Add(guest.data() + i * 65536, 65536);
+    op.guest_bytes = 65536;
+    plan->writes.push_back(std::move(op));
+  }
+}
+
+// First fills of a buffered file are joined up to kFirstFillMaxBytes (the
+// size of the folios they make, io_plan.cc); overwrites, and any write to
+// an O_DIRECT file, are joined whole.
+TEST(IoPlan, FirstFillsOfABufferedFileAreJoinedUpToTheirLimit) {
+  std::vector<uint8_t> guest(4 << 20);
+  auto store = std::make_shared<MemoryStore>();
+  MemoryFile buffered("mem", store, false);
+  AlignedMemoryFile direct("mem", store, false);
+
+  IoPlan fills;
+  ClusterWrites(&buffered, guest, true, &fills);
+  fills.CoalesceWrites();
+  constexpr uint64_t kMax = IoPlan::kFirstFillMaxBytes;
+  ASSERT_EQ(fills.writes.size(), guest.size() / kMax);
+  for (size_t i = 0; i < fills.writes.size(); ++i) {
+    const internal::IoOp& op = fills.writes[i];
+    EXPECT_EQ(op.offset, 0x50000 + i * kMax);
+    EXPECT_EQ(op.bytes, kMax);
+    EXPECT_EQ(op.guest_bytes, kMax);
+    ASSERT_EQ(op.iov.size(), 1u);
+    EXPECT_EQ(op.iov[0].iov_base, guest.data() + i * kMax);
+  }
+
+  IoPlan overwrites;
+  ClusterWrites(&buffered, guest, false, &overwrites);
+  overwrites.CoalesceWrites();
+  ASSERT_EQ(overwrites.writes.size(), 1u);
+  EXPECT_EQ(overwrites.writes[0].bytes, guest.size());
+
+  IoPlan to_direct;
+  ClusterWrites(&direct, guest, true, &to_direct);
+  to_direct.CoalesceWrites();
+  ASSERT_EQ(to_direct.writes.size(), 1u);
+  EXPECT_EQ(to_direct.writes[0].bytes, guest.size());
+}
+
 TEST(MissDeferralCache, DefersOnlyWhileThePlanIsEmpty) {
   auto file = NewMemoryFile(8192);
   MetadataCache cache(file.get(), 512, 4, "L2 table");

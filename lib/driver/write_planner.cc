@@ -85,6 +85,7 @@ absl::Status WritePlanner::PlanSubclusters(const L2Ref& ref, uint64_t entry,
   IoOp op;
   op.file = s_->data();
   op.offset = host + start;
+  op.first_fill = virgin;
   op.guest_bytes = data.size();
   if (start == in_cluster && end == in_cluster + data.size()) {
     EmitEvent(skipped ? "zero-skip-write" : "data-write");
@@ -278,6 +279,7 @@ absl::Status WritePlanner::PlanWriteCluster(uint64_t cluster,
   IoOp op;
   op.file = s_->data();
   op.offset = copy_head ? fresh : fresh + in_cluster;
+  op.first_fill = virgin;
   op.guest_bytes = data.size();
   if (head_buf != nullptr) op.Add(head_buf, in_cluster);
   op.Add(data.data(), data.size());

@@ -47,6 +47,10 @@ struct IoOp {
   // cipher (data_cipher.h): compressed clusters, which QEMU 7.2 writes
   // unencrypted into LUKS images (qemu-io write -c does).
   bool plain = false;
+  // Data into a host cluster never written before (past the file's
+  // written end): in a buffered file these writes make the page cache's
+  // folios for the range, and CoalesceWrites keeps them small (io_plan.cc).
+  bool first_fill = false;
   // Executor state: progress (short transfers are resubmitted), the
   // request, the kind of operation, and the iovecs still to do.
   uint64_t done = 0;
@@ -106,8 +110,10 @@ class IoPlan {
             IoCategory category, bool plain = false);
 
   // Merges writes that continue each other in the same file into single
-  // vectored operations.
+  // vectored operations. First fills of a buffered file (IoOp::first_fill)
+  // are merged up to kFirstFillMaxBytes only.
   void CoalesceWrites();
+  static constexpr uint64_t kFirstFillMaxBytes = 256 << 10;
 
   void Clear();
 
